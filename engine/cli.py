@@ -1,0 +1,43 @@
+"""`memr1` command line. Each command's handler lives next to the code it drives and is imported
+only when that command runs, so `memr1 --help` stays fast and needs no torch import."""
+import argparse
+import importlib
+import sys
+
+# command path -> "module:function"; each function takes the parsed args and returns an exit code.
+HANDLERS = {
+    ("model", "prepare"): "memr1.engine.generation.model:prepare_cli",
+    ("data", "synth"): "memr1.rl.data.synthetic:synth_cli",
+    ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memr1", description="Memory-R1 trainer: RL for memory agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="manage the embedded default model").add_subparsers(
+        dest="action", required=True)
+    prep = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct to an HF checkpoint once")
+    prep.add_argument("--force", action="store_true", help="convert again even if cached")
+
+    data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
+    synth = data.add_parser("synth", help="write the synthetic multi-session set (LoCoMo format)")
+    synth.add_argument("--out", required=True)
+    synth.add_argument("--conversations", type=int, default=20)
+    synth.add_argument("--seed", type=int, default=0)
+    stats = data.add_parser("stats", help="count conversations, sessions, turns and QA of a LoCoMo file")
+    stats.add_argument("path")
+    stats.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    key = (args.command, getattr(args, "action", None))
+    module, func = HANDLERS[key].split(":")
+    return int(getattr(importlib.import_module(module), func)(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

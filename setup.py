@@ -1,0 +1,63 @@
+"""Install memr1: five top-level folders become subpackages of the `memr1` namespace.
+
+The native core of memory_store is built by CMakeLists.txt (C++17, pybind11) and lands next to
+the Python sources as `memr1.memory_store._core`.
+"""
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+SUBPACKAGES = ["engine", "kernels", "memory_store", "rl", "bench"]
+
+
+def find_packages_under(folder: str) -> list[str]:
+    found = []
+    for init in sorted((ROOT / folder).rglob("__init__.py")):
+        rel = init.parent.relative_to(ROOT / folder)
+        found.append(".".join(["memr1", folder, *rel.parts]))
+    return found
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        build_dir = Path(self.build_temp).resolve() / ext.name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        import pybind11
+
+        cfg = os.environ.get("MEMR1_CMAKE_BUILD_TYPE", "Release")
+        subprocess.run([
+            "cmake", str(ROOT), f"-DCMAKE_BUILD_TYPE={cfg}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            f"-DMEMR1_OUTPUT_DIR={out.parent}",
+            f"-DMEMR1_OUTPUT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
+        ], cwd=build_dir, check=True)
+        subprocess.run(["cmake", "--build", ".", "-j", str(os.cpu_count() or 2)], cwd=build_dir, check=True)
+
+
+setup(
+    name="memr1",
+    version="0.1.0",
+    description="Memory-R1 trainer: RL for memory-managing LLM agents",
+    python_requires=">=3.10",
+    package_dir={f"memr1.{name}": name for name in SUBPACKAGES},
+    packages=[p for name in SUBPACKAGES for p in find_packages_under(name)],
+    package_data={"memr1.bench": ["*.sh"]},
+    ext_modules=[CMakeExtension("memr1.memory_store._core")],
+    cmdclass={"build_ext": CMakeBuild},
+    install_requires=["torch==2.13.0", "transformers>=5.16.1,<5.20", "usearch", "msgspec", "numpy",
+                      "safetensors", "tqdm", "tensorboard"],
+    entry_points={"console_scripts": ["memr1=memr1.engine.cli:main"]},
+)
