@@ -1,3 +1,182 @@
+// Python bindings of the native core. Errors become the exception classes of
+// memr1.memory_store.errors, so callers catch one hierarchy whether Python or C++ raised.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core.h"
+
 namespace py = pybind11;
-PYBIND11_MODULE(_core, m) { m.doc() = "memr1 memory_store native core"; }
+using namespace memr1;
+
+namespace {
+py::object errors() { return py::module_::import("memr1.memory_store.errors"); }
+
+void raise_as(const char* cls, py::tuple args) {
+  py::object inst = errors().attr(cls)(*args);
+  PyErr_SetObject(py::type::handle_of(inst).ptr(), inst.ptr());
+}
+
+// A vector argument must be a 1-d float32 numpy array of the bank's dim; nothing is converted
+// silently, because a float64 or a wrongly shaped array is almost always a caller bug.
+const float* as_vector(py::handle h, int dim, py::object& hold) {
+  if (!py::isinstance<py::array>(h))
+    throw BadInput("vector must be a numpy float32 array, got " + std::string(py::str(py::type::handle_of(h).attr("__name__"))));
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if (a.dtype().kind() != 'f' || a.itemsize() != 4)
+    throw BadInput("vector dtype is " + std::string(py::str(a.dtype())) + ", expected float32");
+  if (a.ndim() != 1 || a.shape(0) != dim) {
+    std::string shape = "(";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) shape += std::to_string(a.shape(i)) + (i + 1 < a.ndim() ? ", " : "");
+    throw BadInput("vector shape is " + shape + "), expected (" + std::to_string(dim) + ",)");
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    hold = py::module_::import("numpy").attr("ascontiguousarray")(a);
+    return static_cast<const float*>(py::reinterpret_borrow<py::array>(hold).data());
+  }
+  return static_cast<const float*>(a.data());
+}
+
+py::object record_tuple(const Record* r) {
+  return py::make_tuple(r->id, r->text, speaker_name(r->speaker), r->timestamp, r->created, r->updated,
+                        r->has_prev ? py::object(py::str(r->prev_text)) : py::object(py::none()));
+}
+
+py::tuple hits_to_arrays(const std::vector<Hit>& hits) {
+  py::array_t<int64_t> ids(static_cast<py::ssize_t>(hits.size()));
+  py::array_t<float> scores(static_cast<py::ssize_t>(hits.size()));
+  auto* ip = ids.mutable_data();
+  auto* sp = scores.mutable_data();
+  for (size_t i = 0; i < hits.size(); ++i) { ip[i] = hits[i].id; sp[i] = hits[i].score; }
+  return py::make_tuple(ids, scores);
+}
+
+std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
+  auto base = std::make_shared<Base>();
+  base->n = static_cast<int64_t>(py::len(rows));
+  if (base->n) {
+    if (vectors.dtype().kind() != 'f' || vectors.itemsize() != 4 || vectors.ndim() != 2 ||
+        vectors.shape(0) != base->n || vectors.shape(1) != dim || !(vectors.flags() & py::array::c_style))
+      throw BadInput("base vectors must be a C-contiguous float32 array of shape (rows, dim)");
+    base->vectors = static_cast<const float*>(vectors.data());
+    base->keepalive = std::shared_ptr<void>(new py::object(vectors), [](void* p) { delete static_cast<py::object*>(p); });
+  }
+  base->rows.reserve(static_cast<size_t>(base->n));
+  for (int64_t i = 0; i < base->n; ++i) {
+    auto t = rows[static_cast<size_t>(i)].cast<py::tuple>();
+    auto* r = new Record();
+    r->id = t[0].cast<int64_t>();
+    r->text = t[1].cast<std::string>();
+    r->speaker = speaker_code(t[2].cast<std::string>());
+    r->timestamp = t[3].cast<std::string>();
+    r->created = t[4].cast<int64_t>();
+    r->updated = t[5].cast<int64_t>();
+    r->has_prev = !t[6].is_none();
+    if (r->has_prev) r->prev_text = t[6].cast<std::string>();
+    r->base_row = i;
+    r->vec = base->vectors + i * dim;
+    double ss = 0;
+    for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
+    r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
+    base->rows.push_back(r);
+  }
+  return base;
+}
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "memr1 memory_store native core: persistent bank state, op log, exact search";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const UnknownId& e) {
+      raise_as("UnknownMemoryId", py::make_tuple(e.id));
+    } catch (const BadInput& e) {
+      raise_as("InvalidInput", py::make_tuple(e.what()));
+    } catch (const CorruptLog& e) {
+      raise_as("CorruptLog", py::make_tuple(e.what(), e.offset));
+    } catch (const LogFormat& e) {
+      raise_as("BankFormatError", py::make_tuple(e.what()));
+    }
+  });
+
+  m.def("crc32c", [](py::bytes b) { std::string s = b; return crc32c(0, s.data(), s.size()); });
+
+  py::class_<RecordSink>(m, "RecordSink");
+  py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
+      .def(py::init<>())
+      .def("__len__", [](const BatchBuffer& b) { return b.records.size(); });
+
+  py::class_<OpLog, RecordSink>(m, "OpLog")
+      .def(py::init<const std::string&, bool, int, int64_t>(), py::arg("path"), py::arg("writable"),
+           py::arg("sync"), py::arg("sync_every"))
+      .def_static("create", &OpLog::create, py::arg("path"), py::arg("generation"))
+      .def("payloads", [](const OpLog& log) {  // zero-copy views, valid until close()
+        py::list out;
+        for (auto [off, len] : log.records())
+          out.append(py::memoryview::from_memory(static_cast<const void*>(log.data() + off), static_cast<py::ssize_t>(len)));
+        return out;
+      })
+      .def("put_batch", &OpLog::put_batch)
+      .def("sync", &OpLog::sync)
+      .def("close", &OpLog::close)
+      .def_property_readonly("end", &OpLog::end)
+      .def_property_readonly("generation", &OpLog::generation)
+      .def_property_readonly("dropped_tail", &OpLog::dropped_tail);
+
+  py::class_<State>(m, "State")
+      .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
+      .def("fork", &State::fork)
+      .def("add", [](State& s, RecordSink* sink, const std::string& text, const std::string& speaker,
+                     const std::string& ts, py::handle vec) {
+        py::object hold;
+        return s.add(sink, text, speaker, ts, as_vector(vec, s.dim(), hold));
+      })
+      .def("update", [](State& s, RecordSink* sink, int64_t id, const std::string& text, py::object ts,
+                        py::handle vec) {
+        py::object hold;
+        const float* v = as_vector(vec, s.dim(), hold);
+        if (ts.is_none()) return s.update(sink, id, text, nullptr, v);
+        std::string t = ts.cast<std::string>();
+        s.update(sink, id, text, &t, v);
+      })
+      .def("delete", &State::remove)
+      .def("noop", &State::noop)
+      .def("set_base", [](State& s, py::array vectors, py::list rows, int64_t next_id, int64_t lsn) {
+        s.set_base(make_base(vectors, rows, s.dim()), next_id, lsn);
+      })
+      .def("get", [](const State& s, int64_t id) -> py::object {
+        const Record* r = s.get(id);
+        return r ? record_tuple(r) : py::none();
+      })
+      .def("contains", [](const State& s, int64_t id) { return s.get(id) != nullptr; })
+      .def("search", [](const State& s, py::handle q, int k, py::object speaker, py::object rows) {
+        py::object hold;
+        const float* qv = as_vector(q, s.dim(), hold);
+        if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
+        int64_t code = speaker.is_none() ? int64_t(-1) : int64_t(speaker_code(speaker.cast<std::string>()));
+        if (rows.is_none()) return hits_to_arrays(s.search(qv, k, code, nullptr));
+        auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+        std::vector<int64_t> cand(arr.data(), arr.data() + arr.size());
+        return hits_to_arrays(s.search(qv, k, code, &cand));
+      }, py::arg("query"), py::arg("k"), py::arg("speaker") = py::none(), py::arg("base_rows") = py::none())
+      .def("live", [](const State& s) {
+        py::list out;
+        for (const Record* r : s.live()) out.append(record_tuple(r));
+        return out;
+      })
+      .def("live_vectors", [](const State& s) {  // [n, dim] in id order, for compaction
+        auto recs = s.live();
+        py::array_t<float> out({static_cast<py::ssize_t>(recs.size()), static_cast<py::ssize_t>(s.dim())});
+        float* p = out.mutable_data();
+        for (size_t i = 0; i < recs.size(); ++i) std::memcpy(p + i * s.dim(), recs[i]->vec, sizeof(float) * s.dim());
+        return out;
+      })
+      .def_property_readonly("dim", &State::dim)
+      .def_property_readonly("size", &State::size)
+      .def_property_readonly("next_id", &State::next_id)
+      .def_property_readonly("lsn", &State::lsn)
+      .def_property_readonly("delta_len", &State::delta_len)
+      .def_property_readonly("base_dead", &State::base_dead)
+      .def_property_readonly("base_size", &State::base_size);
+}

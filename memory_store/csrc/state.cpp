@@ -1,0 +1,289 @@
+// Bank state: op application, fork bookkeeping and exact search. See core.h for the layout.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "core.h"
+
+namespace memr1 {
+
+// ---- speakers are interned so that records and filters compare integers ----
+namespace {
+std::unordered_map<std::string, uint32_t>& speaker_ids() { static std::unordered_map<std::string, uint32_t> m; return m; }
+std::vector<std::string>& speaker_names() { static std::vector<std::string> v; return v; }
+}  // namespace
+
+uint32_t speaker_code(const std::string& s) {
+  auto& m = speaker_ids();
+  auto it = m.find(s);
+  if (it != m.end()) return it->second;
+  uint32_t code = static_cast<uint32_t>(speaker_names().size());
+  speaker_names().push_back(s);
+  m.emplace(s, code);
+  return code;
+}
+const std::string& speaker_name(uint32_t code) { return speaker_names().at(code); }
+
+// ---- persistent trie ----
+namespace {
+void release_node(Node* n, int shift) {
+  if (!n || --n->rc > 0) return;
+  for (void* s : n->slot) {
+    if (!s) continue;
+    if (shift == 0) release(static_cast<Record*>(s));
+    else release_node(static_cast<Node*>(s), shift - 5);
+  }
+  delete n;
+}
+Node* clone(const Node* n, int shift) {
+  Node* c = new Node();
+  std::memcpy(c->slot, n->slot, sizeof(n->slot));
+  for (void* s : c->slot) {
+    if (!s) continue;
+    if (shift == 0) retain(static_cast<Record*>(s));
+    else ++static_cast<Node*>(s)->rc;
+  }
+  return c;
+}
+}  // namespace
+
+Trie::Trie(const Trie& o) : root_(o.root_), shift_(o.shift_) { if (root_) ++root_->rc; }
+Trie& Trie::operator=(const Trie& o) {
+  if (this != &o) {
+    if (o.root_) ++o.root_->rc;
+    release_node(root_, shift_);
+    root_ = o.root_;
+    shift_ = o.shift_;
+  }
+  return *this;
+}
+Trie::~Trie() { release_node(root_, shift_); }
+
+Record* Trie::get(uint64_t i) const {
+  if (!root_ || (i >> shift_) >= 32) return nullptr;
+  const Node* n = root_;
+  for (int s = shift_; s > 0; s -= 5) {
+    n = static_cast<const Node*>(n->slot[(i >> s) & 31]);
+    if (!n) return nullptr;
+  }
+  return static_cast<Record*>(n->slot[i & 31]);
+}
+
+void Trie::set(uint64_t i, Record* r) {
+  if (!root_) root_ = new Node();
+  while ((i >> shift_) >= 32) {  // grow upwards: the old root becomes child 0
+    Node* up = new Node();
+    up->slot[0] = root_;
+    root_ = up;
+    shift_ += 5;
+  }
+  Node** cur = &root_;
+  for (int s = shift_;; s -= 5) {
+    Node* n = *cur;
+    if (!n) {
+      n = *cur = new Node();
+    } else if (n->rc > 1) {  // shared with a fork: copy this node only
+      Node* c = clone(n, s);
+      --n->rc;
+      n = *cur = c;
+    }
+    void*& slot = n->slot[(i >> s) & 31];
+    if (s == 0) {
+      release(static_cast<Record*>(slot));
+      slot = r;
+      return;
+    }
+    cur = reinterpret_cast<Node**>(&slot);
+  }
+}
+
+// ---- validation ----
+void State::validate_vector(const float* v, int dim, float* inv_norm) {
+  double ss = 0;
+  for (int i = 0; i < dim; ++i) {
+    if (!std::isfinite(v[i]))
+      throw BadInput("vector has a non-finite value (" + std::to_string(v[i]) + ") at index " + std::to_string(i));
+    ss += double(v[i]) * v[i];
+  }
+  if (ss == 0) throw BadInput("vector is all zeros; cosine similarity is undefined for it");
+  *inv_norm = static_cast<float>(1.0 / std::sqrt(ss));
+}
+
+void State::check_text(const std::string& text, const char* what) const {
+  if (text.empty()) throw BadInput(std::string(what) + " is empty");
+  if (text.size() > max_text_)
+    throw BadInput(std::string(what) + " is " + std::to_string(text.size()) + " bytes, over the limit of " +
+                   std::to_string(max_text_) + " (BankConfig.max_text_bytes)");
+}
+
+// ---- op application: validate everything, then log, then mutate (so a bad op changes nothing) ----
+State::State(int dim, size_t max_text_bytes) : dim_(dim), max_text_(max_text_bytes) {}
+
+Record* State::new_record(int64_t id, const std::string& text, const float* vec, float inv_norm) {
+  auto* r = new Record();
+  r->id = id;
+  r->text = text;
+  r->own.reset(new float[dim_]);
+  std::memcpy(r->own.get(), vec, sizeof(float) * dim_);
+  r->vec = r->own.get();
+  r->inv_norm = inv_norm;
+  return r;
+}
+
+void State::put_delta(Record* r) {
+  retain(r);
+  delta_.set(static_cast<uint64_t>(delta_len_++), r);
+}
+
+int64_t State::add(RecordSink* sink, const std::string& text, const std::string& speaker,
+                   const std::string& timestamp, const float* vec) {
+  check_text(text, "memory text");
+  if (speaker.empty()) throw BadInput("speaker is empty");
+  float inv;
+  validate_vector(vec, dim_, &inv);
+  const int64_t id = next_id_;
+  if (sink) sink->put(encode_add(id, text, speaker, timestamp, vec, dim_));
+  Record* r = new_record(id, text, vec, inv);
+  r->speaker = speaker_code(speaker);
+  r->timestamp = timestamp;
+  r->created = r->updated = lsn_++;
+  ids_.set(static_cast<uint64_t>(id), r);
+  put_delta(r);
+  ++next_id_;
+  ++live_;
+  return id;
+}
+
+void State::update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
+                   const float* vec) {
+  const Record* old = get(id);
+  if (!old) throw UnknownId(id);
+  check_text(text, "memory text");
+  float inv;
+  validate_vector(vec, dim_, &inv);
+  if (sink) sink->put(encode_update(id, text, timestamp, vec, dim_));
+  Record* r = new_record(id, text, vec, inv);
+  r->speaker = old->speaker;
+  r->timestamp = timestamp ? *timestamp : old->timestamp;
+  r->created = old->created;
+  r->updated = lsn_++;
+  r->prev_text = old->text;
+  r->has_prev = true;
+  if (old->base_row >= 0) ++base_dead_;
+  ids_.set(static_cast<uint64_t>(id), r);  // releases `old`
+  put_delta(r);
+}
+
+void State::remove(RecordSink* sink, int64_t id) {
+  const Record* old = get(id);
+  if (!old) throw UnknownId(id);
+  if (sink) sink->put(encode_delete(id));
+  if (old->base_row >= 0) ++base_dead_;
+  ids_.set(static_cast<uint64_t>(id), nullptr);
+  --live_;
+  ++lsn_;
+}
+
+void State::noop(RecordSink* sink) {
+  if (sink) sink->put(encode_noop());
+  ++lsn_;
+}
+
+void State::set_base(std::shared_ptr<Base> base, int64_t next_id, int64_t lsn) {
+  ids_ = Trie();
+  delta_ = Trie();
+  delta_len_ = base_dead_ = 0;
+  live_ = base->n;
+  for (Record* r : base->rows) {
+    retain(r);
+    ids_.set(static_cast<uint64_t>(r->id), r);
+  }
+  base_ = std::move(base);
+  next_id_ = next_id;
+  lsn_ = lsn;
+}
+
+const Record* State::get(int64_t id) const {
+  if (id < 0 || id >= next_id_) return nullptr;
+  return ids_.get(static_cast<uint64_t>(id));
+}
+
+bool State::base_row_live(int64_t row) const {
+  if (!base_ || row < 0 || row >= base_->n) return false;
+  const Record* r = base_->rows[row];
+  return ids_.get(static_cast<uint64_t>(r->id)) == r;
+}
+
+// ---- exact search ----
+namespace {
+// Independent partial sums let the compiler vectorise without -ffast-math; target_clones picks the
+// widest ISA at load time, so one binary serves every x86-64 machine.
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+float dot(const float* a, const float* b, int n) {
+  float s[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) s[j] += a[i + j] * b[i + j];
+  float t = 0;
+  for (; i < n; ++i) t += a[i] * b[i];
+  for (float x : s) t += x;
+  return t;
+}
+
+struct TopK {  // min-heap of the best k hits
+  explicit TopK(int k) : k(k) { heap.reserve(k); }
+  int k;
+  std::vector<Hit> heap;
+  static bool worse(const Hit& a, const Hit& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+  bool admits(float s) const { return (int)heap.size() < k || s > heap.front().score; }
+  void push(Hit h) {
+    if ((int)heap.size() < k) { heap.push_back(h); std::push_heap(heap.begin(), heap.end(), worse); return; }
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    heap.back() = h;
+    std::push_heap(heap.begin(), heap.end(), worse);
+  }
+  std::vector<Hit> sorted() { std::sort_heap(heap.begin(), heap.end(), worse); return heap; }
+};
+}  // namespace
+
+std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const {
+  float qinv;
+  validate_vector(q, dim_, &qinv);
+  TopK top(k);
+  auto consider_base = [&](int64_t row) {
+    const Record* r = base_->rows[row];
+    if (speaker >= 0 && r->speaker != speaker) return;
+    float s = dot(q, base_->vectors + row * dim_, dim_) * qinv * r->inv_norm;
+    if (!top.admits(s)) return;
+    if (base_dead_ && ids_.get(static_cast<uint64_t>(r->id)) != r) return;  // superseded or deleted
+    top.push({s, r->id});
+  };
+  if (base_ && k > 0) {
+    if (base_rows) {
+      for (int64_t row : *base_rows)
+        if (row >= 0 && row < base_->n) consider_base(row);
+    } else {
+      for (int64_t row = 0; row < base_->n; ++row) consider_base(row);
+    }
+  }
+  if (k > 0) {
+    delta_.for_each([&](Record* r) {
+      if (speaker >= 0 && r->speaker != speaker) return;
+      float s = dot(q, r->vec, dim_) * qinv * r->inv_norm;
+      if (top.admits(s) && ids_.get(static_cast<uint64_t>(r->id)) == r) top.push({s, r->id});
+    });
+  }
+  return top.sorted();
+}
+
+std::vector<const Record*> State::live() const {
+  std::vector<const Record*> out;
+  out.reserve(static_cast<size_t>(live_));
+  ids_.for_each([&](Record* r) { out.push_back(r); });
+  return out;
+}
+
+}  // namespace memr1

@@ -1,0 +1,350 @@
+"""MemoryBank: the public API over the native core, the base segment and the op log.
+
+A bank on disk is a folder:
+    MANIFEST.json          format, version, config, generation, next id, op count
+    base-<gen>/            the immutable base segment (segment.py)
+    log-<gen>.oplog        ops applied since that base, one checksummed record each (native)
+    LOCK                   held by the one writer
+compact() writes base-<gen+1> and an empty log-<gen+1>, then swaps MANIFEST.json by rename; a crash at
+any point leaves the old or the new generation whole, and the next writer removes the other.
+"""
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple
+
+import msgspec
+import numpy as np
+
+from memr1.memory_store import _core
+from memr1.memory_store.errors import (BankError, BankFormatError, BankLocked, CorruptLog, InvalidInput,
+                                       ReadOnlyBank, UnknownMemoryId)
+from memr1.memory_store.records import (FORMAT, VERSION, Add, AddRecord, BankConfig, Delete, DeleteRecord,
+                                        LogRecord, Manifest, Memory, Noop, Update, UpdateRecord)
+from memr1.memory_store.segment import Segment, memory_segment, open_segment, write_segment
+
+_SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}
+_records = msgspec.msgpack.Decoder(LogRecord)
+
+
+class SearchResult(NamedTuple):
+    ids: np.ndarray     # int64, best first
+    scores: np.ndarray  # float32 cosine similarity
+
+
+class MemoryBank:
+    """Use `create`, `open`, `from_arrays` or `fork`; the constructor is internal."""
+
+    def __init__(self, core, config: BankConfig, segment: Segment, path: Path | None = None,
+                 manifest: Manifest | None = None, log=None, read_only: bool = False, lock_fd: int | None = None):
+        self._core, self.config, self._segment = core, config, segment
+        self.path, self._manifest, self._log = path, manifest, log
+        self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
+
+    # ---- construction ----
+    @classmethod
+    def create(cls, path: str | os.PathLike | None, dim: int | None = None, config: BankConfig | None = None,
+               **overrides) -> "MemoryBank":
+        """A new empty bank at `path` (which must not exist), or in memory when path is None."""
+        empty = np.empty((0, _config(dim, config, overrides).dim), np.float32)
+        return cls.from_arrays(path, empty, [], [], [], dim=dim, config=config, **overrides)
+
+    @classmethod
+    def from_arrays(cls, path, vectors: np.ndarray, texts: list[str], speakers: list[str], timestamps: list[str],
+                    dim: int | None = None, config: BankConfig | None = None, **overrides) -> "MemoryBank":
+        """Bulk-load rows as one base segment (ids 0..n-1), without logging them op by op."""
+        vectors = np.asarray(vectors)
+        if dim is None and config is None and vectors.ndim == 2:
+            dim = vectors.shape[1]
+        config = _config(dim, config, overrides)
+        if not (len(texts) == len(speakers) == len(timestamps) == len(vectors)):
+            raise InvalidInput("vectors, texts, speakers and timestamps must have the same length")
+        _validate_rows(config, vectors, texts, speakers)
+        memories = [Memory(i, t, s, ts, i, i) for i, (t, s, ts) in enumerate(zip(texts, speakers, timestamps))]
+        manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
+        if path is None:
+            return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise BankError(f"cannot create a bank at {path}: it already exists and is not an empty folder")
+        path.mkdir(parents=True, exist_ok=True)
+        _write_generation(path, manifest, vectors, memories)
+        return cls.open(path, "rw")
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "rw", fsync: str | None = None) -> "MemoryBank":
+        """Open an existing bank. mode "rw" takes the writer lock; "r" reads a snapshot and never writes."""
+        if mode not in ("r", "rw"):
+            raise InvalidInput(f'mode must be "r" or "rw", got {mode!r}')
+        path = Path(path)
+        manifest = _read_manifest(path)
+        config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
+        lock_fd = _lock(path) if mode == "rw" else None
+        try:
+            if mode == "rw":
+                _remove_stale(path, manifest.generation)
+            segment = open_segment(path / f"base-{manifest.generation}", config, manifest.speakers_indexed)
+            log = _core.OpLog(str(path / f"log-{manifest.generation}.oplog"), mode == "rw",
+                              _SYNC[config.fsync], config.fsync_every)
+            bank = cls._assemble(config, segment, manifest, path, log, mode == "r", lock_fd)
+            bank._replay(log)
+            return bank
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+
+    @classmethod
+    def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None):
+        core = _core.State(config.dim, config.max_text_bytes)
+        core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
+        return cls(core, config, segment, path, manifest, log, read_only, lock_fd)
+
+    def _replay(self, log) -> None:
+        core = self._core
+        for i, payload in enumerate(log.payloads()):
+            try:
+                rec = _records.decode(payload)
+                if type(rec) is AddRecord:
+                    got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32))
+                    if got != rec.id:
+                        raise BankError(f"add record carries id {rec.id} but replay assigned {got}")
+                elif type(rec) is UpdateRecord:
+                    core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32))
+                elif type(rec) is DeleteRecord:
+                    core.delete(None, rec.id)
+                else:
+                    core.noop(None)
+            except (msgspec.DecodeError, BankError) as e:
+                raise CorruptLog(f"op log record {i} of {self.path} cannot be replayed: {e}", -1) from e
+
+    # ---- operations ----
+    def apply(self, op: Add | Update | Delete | Noop) -> int | None:
+        """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
+        if self.read_only or self._closed:
+            self._refuse_write()
+        t = type(op)
+        if t is Add:
+            return self._core.add(self._log, op.text, op.speaker, op.timestamp, op.vector)
+        if t is Update:
+            self._core.update(self._log, op.id, op.text, op.timestamp, op.vector)
+            return op.id
+        if t is Delete:
+            self._core.delete(self._log, op.id)
+            return op.id
+        if t is Noop:
+            self._core.noop(self._log)
+            return None
+        raise InvalidInput(f"not a bank operation: {t.__name__} (expected Add, Update, Delete or Noop)")
+
+    def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
+        """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
+        if self.read_only or self._closed:
+            self._refuse_write()
+        child = MemoryBank(self._core.fork(), self.config, self._segment)
+        buffer = _core.BatchBuffer() if self._log is not None else None
+        child._log = buffer
+        results = []
+        for i, op in enumerate(ops):
+            try:
+                results.append(child.apply(op))
+            except BankError as e:
+                e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
+                raise
+        if buffer is not None and len(buffer):
+            self._log.put_batch(buffer)
+        self._core = child._core
+        return results
+
+    def _refuse_write(self):
+        if self._closed:
+            raise BankError(f"bank {self.path} is closed")
+        raise ReadOnlyBank(f"bank {self.path} was opened read-only (mode='r'); open it with mode='rw' to write")
+
+    # ---- reads ----
+    def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
+        """Top-k live memories by cosine similarity, reflecting every applied op."""
+        rows = None
+        if not exact and self._segment.indexes:
+            rows = self._segment.candidates(vector, k + self._core.base_dead, speaker)
+        ids, scores = self._core.search(vector, k, speaker, rows)
+        return SearchResult(ids, scores)
+
+    def get(self, memory_id: int) -> Memory:
+        row = self._core.get(memory_id)
+        if row is None:
+            raise UnknownMemoryId(memory_id)
+        return Memory(*row)
+
+    def __contains__(self, memory_id: int) -> bool:
+        return self._core.contains(memory_id)
+
+    def __len__(self) -> int:
+        return self._core.size
+
+    def __iter__(self) -> Iterator[Memory]:
+        return (Memory(*row) for row in self._core.live())
+
+    def items_for_prompt(self, vector: np.ndarray | None = None, k: int | None = None,
+                         speaker: str | None = None) -> list[tuple[int, str, str]]:
+        """(id, text, timestamp) rows: the top-k for `vector`, or every live memory in id order."""
+        if vector is None:
+            rows = [(m.id, m.text, m.timestamp) for m in self if speaker is None or m.speaker == speaker]
+            return rows if k is None else rows[:k]
+        ids, _ = self.search(vector, len(self) if k is None else k, speaker)
+        return [(m.id, m.text, m.timestamp) for m in map(self.get, ids.tolist())]
+
+    # ---- forks, compaction, persistence ----
+    def fork(self) -> "MemoryBank":
+        """O(1) copy-on-write child in memory; its ops never show in this bank or its siblings."""
+        return MemoryBank(self._core.fork(), self.config, self._segment)
+
+    def compact(self) -> None:
+        """Fold the delta into a new base (the one O(n) step). Ids stay the same."""
+        if self.read_only or self._closed:
+            self._refuse_write()
+        memories, vectors = list(self), self._core.live_vectors()
+        manifest = Manifest(FORMAT, VERSION, self.config, (self._manifest.generation + 1) if self._manifest else 1,
+                            self._core.next_id, self._core.lsn, len(memories))
+        if self.path is None:
+            self._segment = memory_segment(vectors, memories, self.config)
+        else:
+            manifest = _write_generation(self.path, manifest, vectors, memories)
+            self._log.close()
+            _remove_stale(self.path, manifest.generation)
+            self._segment = open_segment(self.path / f"base-{manifest.generation}", self.config,
+                                         manifest.speakers_indexed)
+            self._log = _core.OpLog(str(self.path / f"log-{manifest.generation}.oplog"), True,
+                                    _SYNC[self.config.fsync], self.config.fsync_every)
+        self._manifest = manifest
+        self._core.set_base(self._segment.vectors, self._segment.core_rows(), manifest.next_id, manifest.lsn)
+
+    def save(self, path: str | os.PathLike) -> "MemoryBank":
+        """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise BankError(f"cannot save a bank to {path}: it already exists and is not an empty folder")
+        path.mkdir(parents=True, exist_ok=True)
+        memories = list(self)
+        manifest = Manifest(FORMAT, VERSION, self.config, 0, self._core.next_id, self._core.lsn, len(memories))
+        _write_generation(path, manifest, self._core.live_vectors(), memories)
+        return MemoryBank.open(path, "rw")
+
+    def sync(self) -> None:
+        if self._log is not None and not self.read_only:
+            self._log.sync()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._log is not None:
+            self._log.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "MemoryBank":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def stats(self) -> dict:
+        c = self._core
+        return {"live": c.size, "base_rows": c.base_size, "delta_rows": c.delta_len, "base_dead": c.base_dead,
+                "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(self._segment.indexes)}
+
+
+# ---- files ----
+def _config(dim, config, overrides) -> BankConfig:
+    if config is None:
+        if dim is None:
+            raise InvalidInput("give the vector dim (dim=...) or a BankConfig")
+        config = BankConfig(dim=dim)
+    elif dim is not None and dim != config.dim:
+        raise InvalidInput(f"dim={dim} disagrees with config.dim={config.dim}")
+    config = msgspec.structs.replace(config, **overrides) if overrides else config
+    try:
+        return msgspec.convert(msgspec.to_builtins(config), BankConfig)  # validates literals and types
+    except msgspec.ValidationError as e:
+        raise InvalidInput(f"bad bank config: {e}") from None
+
+
+def _validate_rows(config: BankConfig, vectors: np.ndarray, texts: list[str], speakers: list[str]) -> None:
+    """The checks an Add makes, vectorised for bulk loads."""
+    if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[1] != config.dim:
+        raise InvalidInput(f"vectors must be float32 of shape (n, {config.dim}), got {vectors.dtype} {vectors.shape}")
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1) | ~(vectors != 0).any(axis=1))
+    if len(bad):
+        raise InvalidInput(f"vector of row {bad[0]} is non-finite or all zeros")
+    for i, (t, s) in enumerate(zip(texts, speakers)):
+        if not t or len(t.encode()) > config.max_text_bytes or not s:
+            raise InvalidInput(f"row {i}: text must be 1..{config.max_text_bytes} bytes and speaker non-empty")
+
+
+def _write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
+    gen = manifest.generation
+    speakers = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
+    log = path / f"log-{gen}.oplog"
+    log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
+    _core.OpLog.create(str(log), gen)
+    manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers)
+    tmp = path / "MANIFEST.json.tmp"
+    with open(tmp, "wb") as f:
+        f.write(msgspec.json.encode(manifest))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / "MANIFEST.json")  # the commit point
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return manifest
+
+
+def _read_manifest(path: Path) -> Manifest:
+    if not path.exists():
+        raise BankError(f"no bank at {path}: the path does not exist")
+    file = path / "MANIFEST.json"
+    if not file.is_file():
+        raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json")
+    try:
+        raw = msgspec.json.decode(file.read_bytes())
+    except msgspec.DecodeError as e:
+        raise BankFormatError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise BankFormatError(f"{path} is not a memr1 bank (format is {raw.get('format') if isinstance(raw, dict) else raw!r})")
+    if raw.get("version") != VERSION:
+        raise BankFormatError(f"{path} is a memr1 bank of version {raw.get('version')}; this code reads version {VERSION}")
+    try:
+        return msgspec.convert(raw, Manifest)
+    except msgspec.ValidationError as e:
+        raise BankFormatError(f"{file} is malformed: {e}") from None
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise BankLocked(f"bank {path} is already open for writing (by pid {holder}); "
+                         f"open it with mode='r' to read alongside") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _remove_stale(path: Path, generation: int) -> None:
+    """Drop files of other generations: leftovers of a compaction that crashed or just finished."""
+    keep = {f"base-{generation}", f"log-{generation}.oplog", "MANIFEST.json", "LOCK"}
+    for entry in path.iterdir():
+        if entry.name in keep or not entry.name.startswith(("base-", "log-", "MANIFEST.json.")):
+            continue
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()

@@ -1,0 +1,181 @@
+// memr1 memory_store native core.
+//
+// A bank's state is two persistent (copy-on-write) 32-way tries: `ids` maps a memory id to its live
+// Record, `delta` lists every Record written since the base segment was built. A fork copies two root
+// pointers, and a write copies only the 4-5 trie nodes on its path when they are shared with a fork, so
+// every op is O(log32 n): at most 5 levels up to 32M ids. All calls run under the Python GIL, which is
+// why reference counts are plain integers.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace memr1 {
+
+// ---- errors, translated to memr1.memory_store.errors in module.cpp ----
+struct UnknownId : std::runtime_error {
+  int64_t id;
+  explicit UnknownId(int64_t i) : std::runtime_error("unknown memory id"), id(i) {}
+};
+struct BadInput : std::runtime_error { using std::runtime_error::runtime_error; };
+struct CorruptLog : std::runtime_error {
+  uint64_t offset;
+  CorruptLog(const std::string& m, uint64_t off) : std::runtime_error(m), offset(off) {}
+};
+struct LogFormat : std::runtime_error { using std::runtime_error::runtime_error; };
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+
+// ---- records ----
+struct Record {
+  int32_t rc = 1;
+  int64_t id = 0;
+  uint32_t speaker = 0;            // interned, see speaker_code()
+  std::string text, timestamp, prev_text;
+  bool has_prev = false;
+  int64_t created = 0, updated = 0;  // op sequence numbers (lsn), not wall clock
+  int64_t base_row = -1;           // >= 0 when this version lives in the base segment
+  float inv_norm = 0.f;
+  const float* vec = nullptr;      // into the base mapping, or into `own`
+  std::unique_ptr<float[]> own;
+};
+inline void retain(Record* r) { if (r) ++r->rc; }
+inline void release(Record* r) { if (r && --r->rc == 0) delete r; }
+
+uint32_t speaker_code(const std::string& s);
+const std::string& speaker_name(uint32_t code);
+
+// ---- persistent trie: index -> Record* ----
+// Inner nodes hold Node*, leaves (level 0) hold Record*. A node shared by two tries (rc > 1) is copied
+// before it is written.
+struct Node {
+  int32_t rc = 1;
+  void* slot[32] = {};
+};
+class Trie {
+ public:
+  Trie() = default;
+  Trie(const Trie& o);             // O(1): shares the root
+  Trie& operator=(const Trie& o);
+  ~Trie();
+  Record* get(uint64_t i) const;
+  void set(uint64_t i, Record* r);  // takes over one reference to r; releases the old value
+  template <class F> void for_each(F&& f) const { if (root_) walk(root_, shift_, f); }  // index order
+ private:
+  template <class F> static void walk(const Node* n, int shift, F& f) {
+    for (void* s : n->slot) {
+      if (!s) continue;
+      if (shift == 0) f(static_cast<Record*>(s));
+      else walk(static_cast<const Node*>(s), shift - 5, f);
+    }
+  }
+  Node* root_ = nullptr;
+  int shift_ = 0;                   // bits below the root level
+};
+
+// ---- where encoded op records go: the durable log, or a batch buffer ----
+struct RecordSink {
+  virtual ~RecordSink() = default;
+  virtual void put(const std::string& rec) = 0;
+};
+struct BatchBuffer : RecordSink {
+  std::vector<std::string> records;
+  void put(const std::string& rec) override { records.push_back(rec); }
+};
+
+// ---- the immutable base segment (shared by all forks) ----
+struct Base {
+  int64_t n = 0;
+  const float* vectors = nullptr;  // [n, dim], memory-mapped by the Python side
+  std::vector<Record*> rows;       // one reference each
+  std::shared_ptr<void> keepalive; // holds the Python buffer alive
+  ~Base() { for (auto* r : rows) release(r); }
+};
+
+struct Hit { float score; int64_t id; };
+
+class State {
+ public:
+  State(int dim, size_t max_text_bytes);
+  State fork() const { return *this; }
+
+  int64_t add(RecordSink* sink, const std::string& text, const std::string& speaker,
+              const std::string& timestamp, const float* vec);
+  void update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
+              const float* vec);
+  void remove(RecordSink* sink, int64_t id);
+  void noop(RecordSink* sink);
+
+  // Replaces everything with a base built from these rows; the trie is rebuilt (O(n), compaction only).
+  void set_base(std::shared_ptr<Base> base, int64_t next_id, int64_t lsn);
+
+  const Record* get(int64_t id) const;  // nullptr when unknown or deleted
+  bool base_row_live(int64_t row) const;
+  // Exact top-k over the delta plus, when `base_rows` is null, every base row; otherwise only the
+  // given base rows (candidates from an HNSW index), which are re-scored exactly here.
+  std::vector<Hit> search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const;
+  std::vector<const Record*> live() const;  // id order
+
+  int dim() const { return dim_; }
+  int64_t size() const { return live_; }
+  int64_t next_id() const { return next_id_; }
+  int64_t lsn() const { return lsn_; }
+  int64_t delta_len() const { return delta_len_; }
+  int64_t base_dead() const { return base_dead_; }
+  int64_t base_size() const { return base_ ? base_->n : 0; }
+
+  static void validate_vector(const float* v, int dim, float* inv_norm);
+
+ private:
+  void check_text(const std::string& text, const char* what) const;
+  Record* new_record(int64_t id, const std::string& text, const float* vec, float inv_norm);
+  void put_delta(Record* r);
+
+  int dim_;
+  size_t max_text_;
+  std::shared_ptr<Base> base_;
+  Trie ids_, delta_;
+  int64_t delta_len_ = 0, next_id_ = 0, live_ = 0, base_dead_ = 0, lsn_ = 0;
+};
+
+// ---- the append-only op log (oplog.cpp) ----
+class OpLog : public RecordSink {
+ public:
+  enum Sync { NEVER = 0, EVERY_OP = 1, EVERY_N = 2, ON_CLOSE = 3 };
+  static void create(const std::string& path, uint64_t generation);
+  OpLog(const std::string& path, bool writable, int sync, int64_t sync_every);
+  ~OpLog() override;
+  void put(const std::string& rec) override;   // frame + CRC + append, then the sync policy
+  void put_batch(const BatchBuffer& b);
+  void sync();
+  void close();
+  const std::vector<std::pair<uint64_t, uint32_t>>& records() const { return records_; }
+  const uint8_t* data() const { return map_; }
+  uint64_t end() const { return end_; }
+  uint64_t generation() const { return generation_; }
+  uint64_t dropped_tail() const { return dropped_tail_; }
+
+ private:
+  void scan();
+  void reserve(uint64_t extra);
+  void append_frame(const std::string& rec);
+  std::string path_;
+  int fd_ = -1;
+  bool writable_;
+  int sync_;
+  int64_t sync_every_, unsynced_ = 0;
+  uint8_t* map_ = nullptr;
+  uint64_t cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> records_;  // (payload offset, length) found by scan()
+};
+
+// msgpack encoding of op records, matching the msgspec Structs in records.py (array_like, tagged).
+std::string encode_add(int64_t id, const std::string& text, const std::string& speaker,
+                       const std::string& ts, const float* vec, int dim);
+std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim);
+std::string encode_delete(int64_t id);
+std::string encode_noop();
+
+}  // namespace memr1
