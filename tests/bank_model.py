@@ -1,0 +1,63 @@
+"""A plain Python model of MemoryBank that tests compare the real bank against."""
+import copy
+
+import numpy as np
+
+from memr1.memory_store import Add, Delete, Noop, Update
+
+
+class ModelBank:
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+        self.next_id = 0
+        self.lsn = 0
+
+    def fork(self) -> "ModelBank":
+        return copy.deepcopy(self)
+
+    def apply(self, op) -> int | None:
+        """Same contract as MemoryBank.apply; raises KeyError on an unknown id before changing anything."""
+        if isinstance(op, Add):
+            i = self.next_id
+            self.rows[i] = dict(text=op.text, speaker=op.speaker, timestamp=op.timestamp, vector=op.vector.copy(),
+                                created=self.lsn, updated=self.lsn, previous_text=None)
+            self.next_id += 1
+        elif isinstance(op, Update):
+            old = self.rows[op.id]
+            self.rows[op.id] = dict(old, text=op.text, vector=op.vector.copy(), updated=self.lsn,
+                                    previous_text=old["text"],
+                                    timestamp=old["timestamp"] if op.timestamp is None else op.timestamp)
+            i = op.id
+        elif isinstance(op, Delete):
+            del self.rows[op.id]
+            i = op.id
+        else:
+            assert isinstance(op, Noop)
+            i = None
+        self.lsn += 1
+        return i
+
+    def search(self, q: np.ndarray, k: int, speaker: str | None = None) -> list[int]:
+        ids = [i for i, r in self.rows.items() if speaker is None or r["speaker"] == speaker]
+        if not ids:
+            return []
+        m = np.stack([self.rows[i]["vector"] for i in ids]).astype(np.float64)
+        scores = m @ q.astype(np.float64) / (np.linalg.norm(m, axis=1) * np.linalg.norm(q))
+        order = sorted(range(len(ids)), key=lambda j: (-scores[j], ids[j]))
+        return [ids[j] for j in order[:k]]
+
+
+def assert_same(bank, model: ModelBank, queries=()) -> None:
+    live = {m.id: m for m in bank}
+    assert sorted(live) == sorted(model.rows), "live id sets differ"
+    assert [m.id for m in bank] == sorted(model.rows), "iteration is not in id order"
+    assert len(bank) == len(model.rows)
+    for i, row in model.rows.items():
+        got = bank.get(i)
+        assert (got.text, got.speaker, got.timestamp, got.created, got.updated, got.previous_text) == (
+            row["text"], row["speaker"], row["timestamp"], row["created"], row["updated"], row["previous_text"])
+    for q in queries:
+        for speaker in (None, "A"):
+            want = model.search(q, 5, speaker)
+            got = bank.search(q, 5, speaker=speaker, exact=True).ids.tolist()
+            assert got == want, f"exact search differs (speaker={speaker}): {got} != {want}"
