@@ -167,7 +167,8 @@ class MemoryBank:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
         rows = None
         if not exact and self._segment.indexes:
-            rows = self._segment.candidates(vector, k + self._core.base_dead, speaker)
+            want = int(k * self.config.hnsw_oversample) + self._core.base_dead
+            rows = self._segment.candidates(vector, want, speaker)
         ids, scores = self._core.search(vector, k, speaker, rows)
         return SearchResult(ids, scores)
 

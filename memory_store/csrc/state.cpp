@@ -6,6 +6,10 @@
 
 #include "core.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace memr1 {
 
 // ---- speakers are interned so that records and filters compare integers ----
@@ -217,21 +221,53 @@ bool State::base_row_live(int64_t row) const {
 
 // ---- exact search ----
 namespace {
-// Independent partial sums let the compiler vectorise without -ffast-math; target_clones picks the
-// widest ISA at load time, so one binary serves every x86-64 machine.
-#if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-float dot(const float* a, const float* b, int n) {
-  float s[16] = {0};
+float dot_default(const float* a, const float* b, int n) {
+  float s[8] = {0};  // independent partial sums: vectorisable without -ffast-math
   int i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) s[j] += a[i + j] * b[i + j];
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
   float t = 0;
   for (; i < n; ++i) t += a[i] * b[i];
   for (float x : s) t += x;
   return t;
 }
+#if defined(__x86_64__)
+// Four accumulators hide the FMA latency; picked at load time, so one binary serves every x86-64.
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * j), _mm256_loadu_ps(b + i + 8 * j), acc[j]);
+  __m256 v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, v);
+  float t = 0;
+  for (float x : lanes) t += x;
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, int n) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * j), _mm512_loadu_ps(b + i + 16 * j), acc[j]);
+  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc[0]);
+  float t = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+#endif
+using DotFn = float (*)(const float*, const float*, int);
+DotFn pick_dot() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return dot_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dot_avx2;
+#endif
+  return dot_default;
+}
+const DotFn dot = pick_dot();
 
 struct TopK {  // min-heap of the best k hits
   explicit TopK(int k) : k(k) { heap.reserve(k); }
