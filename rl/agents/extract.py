@@ -1,0 +1,79 @@
+"""Fact extraction: one dialogue turn (speaker, date) -> a list of short third-person facts.
+
+It runs before the Memory Manager. The prompt asks for JSON `{"facts": [...]}`; the parser also takes
+a bare list or, failing JSON, bullet / numbered lines, and never raises on model output.
+"""
+import re
+
+import msgspec
+
+from memr1.rl.agents.jsonish import extract_json
+
+EXTRACT_SYSTEM = """You take notes about the people in a conversation so they can be remembered later.
+Read ONE message and write down the lasting personal facts it reveals about the speaker or people they
+mention: who they are, where they live, work, family, pets, hobbies, likes and dislikes, plans, and
+events with their dates.
+
+Rules:
+- One short fact per item, written in the third person with the person's name ("Anna has 2 cats").
+- Turn relative dates into absolute ones using the message date ("yesterday" on 8 May 2023 -> "on 7 May 2023").
+- Leave out greetings, small talk, opinions about the other speaker, and anything uncertain.
+- If there is nothing worth remembering, return an empty list.
+
+Reply with JSON only: {"facts": ["...", "..."]}"""
+
+
+class ExtractConfig(msgspec.Struct, frozen=True):
+    max_facts: int = 8        # a runaway completion cannot flood the manager
+    max_fact_chars: int = 300
+
+
+def build_extract_messages(speaker: str, text: str, date_time: str = "",
+                           context: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Chat messages for one turn. `context` holds a few preceding (speaker, text) pairs to resolve
+    pronouns and references; only facts from the last message are asked for."""
+    for name, value in (("speaker", speaker), ("text", text), ("date_time", date_time)):
+        if not isinstance(value, str):
+            raise TypeError(f"build_extract_messages: {name} must be str, got {type(value).__name__}")
+    lines = []
+    if context:
+        lines.append("Earlier messages (for context only):")
+        lines += [f"{s}: {t}" for s, t in context]
+        lines.append("")
+    lines.append(f"Message date: {date_time or 'unknown'}")
+    lines.append(f"{speaker}: {text}")
+    return [{"role": "system", "content": EXTRACT_SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
+
+
+class ExtractResult(msgspec.Struct):
+    facts: list[str]
+    parsed: bool          # True when the output held JSON of the expected shape
+    error: str = ""       # why JSON parsing failed (the facts may still come from the line fallback)
+
+
+_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.+?)\s*$")
+
+
+def _clean(items, cfg: ExtractConfig) -> list[str]:
+    out = []
+    for item in items:
+        if isinstance(item, dict):   # {"fact": "..."} or {"text": "..."} objects are common
+            item = item.get("fact", item.get("text"))
+        if isinstance(item, str) and item.strip() and item.strip() not in out:
+            out.append(item.strip()[: cfg.max_fact_chars])
+    return out[: cfg.max_facts]
+
+
+def parse_facts(output, cfg: ExtractConfig = ExtractConfig()) -> ExtractResult:
+    """Facts from a completion; never raises."""
+    value, err = extract_json(output)
+    if isinstance(value, dict):
+        items = value.get("facts", value.get("memory"))
+        if isinstance(items, list):
+            return ExtractResult(_clean(items, cfg), parsed=True)
+        err = "JSON object has no 'facts' list"
+    elif isinstance(value, list):
+        return ExtractResult(_clean(value, cfg), parsed=True)
+    lines = output.splitlines() if isinstance(output, str) else []
+    bullets = [m.group(1) for line in lines if (m := _BULLET.match(line))]
+    return ExtractResult(_clean(bullets, cfg), parsed=False, error=err or "no JSON found")

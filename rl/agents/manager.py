@@ -1,0 +1,185 @@
+"""Memory Manager: prompt builder, tolerant parser, and conversion to memory_store operations.
+
+The model sees the retrieved memories under SMALL LOCAL ids "0".."k-1" (copying a long bank id is a
+common failure of small models); `ManagerPrompt.bank_ids[i]` maps local id i back to the bank. The
+output schema is `{"memory": [{"id", "text", "event", "old_memory"?}]}` with event ADD, UPDATE, DELETE
+or NONE. `parse_manager_output` never raises on model output: it returns the valid ops plus
+`ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts, the format penalty).
+A parse failure yields no ops, so the bank stays unchanged.
+"""
+import json
+
+import msgspec
+
+from memr1.rl.agents.jsonish import extract_json
+
+EVENTS = ("ADD", "UPDATE", "DELETE", "NONE")
+# Spellings small models use for the same events; anything else is an invalid item.
+_EVENT_ALIASES = {"NOOP": "NONE", "NO_OP": "NONE", "NO-OP": "NONE", "NOTHING": "NONE", "KEEP": "NONE",
+                  "INSERT": "ADD", "CREATE": "ADD", "MODIFY": "UPDATE", "EDIT": "UPDATE",
+                  "REMOVE": "DELETE", "DEL": "DELETE"}
+
+MANAGER_SYSTEM = """You maintain a memory bank about the people in a conversation. You are given the
+memories that already exist (each with a short id) and some new facts. Decide, memory by memory, how
+the bank should change, using exactly one of four events:
+
+- ADD: a new fact the bank does not hold yet. Give it a new id (the next unused number).
+- UPDATE: a new fact refines or replaces an existing memory about the same thing (more detail, a
+  changed count, a new city). Keep the existing id, write the merged text in "text", and copy the
+  previous text into "old_memory". When two versions differ only in detail, keep the more detailed one.
+- DELETE: a new fact shows an existing memory is no longer true. Keep its id.
+- NONE: the memory stays as it is. A new fact that says the same thing in other words is NONE, not
+  UPDATE.
+
+List every existing memory once (with its event) and every ADD. Use only ids you were shown, except
+for ADD. Reply with JSON only, in this form:
+{"memory": [{"id": "0", "text": "...", "event": "NONE"},
+            {"id": "1", "text": "...", "event": "UPDATE", "old_memory": "..."},
+            {"id": "2", "text": "...", "event": "ADD"}]}"""
+
+
+class ManagerConfig(msgspec.Struct, frozen=True):
+    top_k: int = 10                     # memories retrieved and shown to the manager
+    format_penalty: float = 1.0         # subtracted from the reward when the output does not parse
+    hallucination_penalty: float = 0.0  # subtracted per op that names an id that was not shown
+    max_ops: int = 64                   # ops after this many are ignored (runaway completions)
+    max_text_chars: int = 500
+
+
+class ManagerPrompt(msgspec.Struct, frozen=True):
+    messages: list[dict]
+    bank_ids: list[int]   # local id i (as shown to the model) -> bank id
+
+
+class ManagerOp(msgspec.Struct, frozen=True):
+    event: str                   # ADD / UPDATE / DELETE / NONE
+    local_id: int | None         # None for ADD (the bank assigns the id)
+    text: str = ""
+    old_memory: str | None = None
+
+
+class ManagerDiagnostics(msgspec.Struct):
+    parsed: bool
+    error: str = ""
+    counts: dict[str, int] = msgspec.field(default_factory=lambda: dict.fromkeys(EVENTS, 0))
+    hallucinated_ids: list[str] = msgspec.field(default_factory=list)
+    invalid_items: int = 0        # not an object, unknown event, or missing text
+    duplicate_ids: int = 0        # a second op on one id (dropped: the first op wins)
+    penalty: float = 0.0
+
+    @property
+    def status(self) -> str:
+        """One label per completion, for logging: the worst thing that happened."""
+        if not self.parsed:
+            return "parse_error"
+        if self.hallucinated_ids:
+            return "hallucinated_id"
+        if self.invalid_items or self.duplicate_ids:
+            return "invalid_item"
+        return "ok"
+
+
+def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]], speaker: str = "",
+                         date_time: str = "") -> ManagerPrompt:
+    """`memories` are (bank_id, text, timestamp), e.g. from `MemoryBank.items_for_prompt`."""
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise TypeError("build_manager_prompt: facts must be a list of str")
+    try:
+        bank_ids = [int(m[0]) for m in memories]
+        shown = [{"id": str(i), "text": str(m[1])} for i, m in enumerate(memories)]
+    except (TypeError, ValueError, IndexError) as e:
+        raise TypeError(f"build_manager_prompt: memories must be (id, text, timestamp) tuples ({e})") from None
+    header = f"New facts from {speaker or 'the conversation'}" + (f" ({date_time})" if date_time else "")
+    user = (f"Existing memories:\n{json.dumps(shown, ensure_ascii=False)}\n\n"
+            f"{header}:\n{json.dumps(facts, ensure_ascii=False)}")
+    return ManagerPrompt(messages=[{"role": "system", "content": MANAGER_SYSTEM},
+                                   {"role": "user", "content": user}], bank_ids=bank_ids)
+
+
+def _local_id(raw, n_shown: int) -> int | None:
+    """The shown id an item refers to, or None when it names anything else."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        raw = int(raw.strip())
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    return raw if isinstance(raw, int) and 0 <= raw < n_shown else None
+
+
+def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfig()
+                         ) -> tuple[list[ManagerOp], ManagerDiagnostics]:
+    """Ops from a completion, never raising. `n_shown` is len(prompt.bank_ids)."""
+    value, err = extract_json(output)
+    if isinstance(value, dict):
+        items = next((value[k] for k in ("memory", "memories", "operations") if k in value), None)
+        if not isinstance(items, list):
+            items, err = None, "JSON object has no 'memory' list"
+    else:
+        items = value if isinstance(value, list) else None
+    if items is None:
+        return [], ManagerDiagnostics(parsed=False, error=err or "no JSON found", penalty=cfg.format_penalty)
+
+    diag = ManagerDiagnostics(parsed=True)
+    ops, used = [], set()
+    for item in items[: cfg.max_ops]:
+        if not isinstance(item, dict):
+            diag.invalid_items += 1
+            continue
+        event = str(item.get("event", "")).strip().upper()
+        event = _EVENT_ALIASES.get(event, event)
+        text = item.get("text", "")
+        text = text.strip()[: cfg.max_text_chars] if isinstance(text, str) else ""
+        old = item.get("old_memory")
+        old = old if isinstance(old, str) else None
+        if event not in EVENTS or (event in ("ADD", "UPDATE") and not text):
+            diag.invalid_items += 1
+            continue
+        local = None
+        if event != "ADD":
+            local = _local_id(item.get("id"), n_shown)
+            if local is None:
+                diag.hallucinated_ids.append(str(item.get("id"))[:40])
+                continue
+            if local in used:
+                diag.duplicate_ids += 1
+                continue
+            used.add(local)
+        diag.counts[event] += 1
+        ops.append(ManagerOp(event=event, local_id=local, text=text, old_memory=old))
+    diag.penalty = cfg.hallucination_penalty * len(diag.hallucinated_ids)
+    return ops, diag
+
+
+def to_store_ops(ops: list[ManagerOp], bank_ids: list[int], embedder, speaker: str, timestamp: str = ""):
+    """memory_store operations for `bank.apply_batch`, embedding all new texts in ONE embedder call.
+    NONE ops are dropped (they change nothing)."""
+    # Imported here so prompts and parsers work without the native bank (e.g. in eval tooling).
+    from memr1.memory_store import Add, Delete, Update
+
+    texts = [op.text for op in ops if op.event in ("ADD", "UPDATE")]
+    vectors = embedder.embed(texts) if texts else None
+    out, row = [], 0
+    for op in ops:
+        if op.event == "ADD":
+            out.append(Add(text=op.text, vector=vectors[row], speaker=speaker, timestamp=timestamp))
+        elif op.event == "UPDATE":
+            out.append(Update(id=bank_ids[op.local_id], text=op.text, vector=vectors[row],
+                              timestamp=timestamp or None))
+        elif op.event == "DELETE":
+            out.append(Delete(id=bank_ids[op.local_id]))
+        row += op.event in ("ADD", "UPDATE")
+    return out
+
+
+def memories_for_facts(bank, fact_vectors, k: int, speaker: str | None = None) -> list[tuple[int, str, str]]:
+    """Up to k distinct memories relevant to any of the facts: the facts' search results merged
+    round-robin (best of each fact first). `fact_vectors` come from one batched embedder call."""
+    per_fact = [bank.items_for_prompt(vector=v, k=k, speaker=speaker) for v in fact_vectors]
+    merged, seen = [], set()
+    for rank in range(k):
+        for results in per_fact:
+            if rank < len(results) and results[rank][0] not in seen:
+                seen.add(results[rank][0])
+                merged.append(results[rank])
+    return merged[:k]

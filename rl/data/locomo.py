@@ -1,0 +1,196 @@
+"""LoCoMo conversations as typed structs, the Memory-R1 split, and `memr1 data stats`.
+
+The same loader reads our synthetic set (`synthetic.py` writes LoCoMo's JSON layout plus a few
+`memr1_*` keys). Choices made here:
+- An image turn keeps its text and gets " [image: <blip_caption>]" appended, so a caption-only fact
+  ("a photo of a sunset over a lake") can still be extracted.
+- Integer answers become strings; category 5 (adversarial) is dropped at load time.
+- Only sessions that exist are read (some conversations list more date keys than sessions).
+- Category names follow Mem0's mapping (1 single-hop, 2 temporal, 3 multi-hop, 4 open-domain).
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+import msgspec
+
+CATEGORY_NAMES = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
+SPLITS = ("train", "val", "test")
+# Memory-R1's split of locomo10: one conversation to train, one to validate, the other eight to test.
+MEMORY_R1_SPLIT = {"conv-26": "train", "conv-30": "val"}
+
+
+class DataError(ValueError):
+    """A data file is malformed; the message names the file, the item and the field."""
+
+
+class Turn(msgspec.Struct, frozen=True):
+    speaker: str
+    dia_id: str
+    text: str
+    timestamp: str = ""   # the session's date_time, carried so every memory can be dated
+
+
+class Session(msgspec.Struct, frozen=True):
+    index: int
+    date_time: str
+    turns: list[Turn]
+
+
+class QA(msgspec.Struct, frozen=True):
+    question: str
+    answer: str
+    evidence: list[str]
+    category: int
+    kind: str = ""        # the source's own question type where it has one (LongMemEval, MSC)
+    date: str = ""        # when the question is asked, where the source says (LongMemEval)
+
+
+class Conversation(msgspec.Struct, frozen=True):
+    sample_id: str
+    speaker_a: str
+    speaker_b: str
+    sessions: list[Session]
+    qa: list[QA]
+    split: str = "test"
+    oracle: dict | None = None   # synthetic data only: the fact timeline and oracle manager ops
+
+    def turns(self) -> list[Turn]:
+        return [t for s in self.sessions for t in s.turns]
+
+
+def split_of(sample_id: str) -> str:
+    return MEMORY_R1_SPLIT.get(sample_id, "test")
+
+
+def _need(obj: dict, key: str, typ, where: str):
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise DataError(f"{where}: missing key {key!r}")
+    if not isinstance(obj[key], typ):
+        raise DataError(f"{where}: {key!r} should be {typ}, got {type(obj[key]).__name__}")
+    return obj[key]
+
+
+def _session_numbers(conv: dict) -> list[int]:
+    return sorted(int(m.group(1)) for k, v in conv.items()
+                  if (m := re.fullmatch(r"session_(\d+)", k)) and isinstance(v, list))
+
+
+def parse_turn(raw: dict, timestamp: str, where: str) -> Turn:
+    speaker = _need(raw, "speaker", str, where)
+    dia_id = _need(raw, "dia_id", str, where)
+    text = raw.get("text", "")
+    if not isinstance(text, str):
+        raise DataError(f"{where}: 'text' should be a string")
+    caption = raw.get("blip_caption")
+    if isinstance(caption, str) and caption:
+        text = f"{text} [image: {caption}]".strip()
+    return Turn(speaker=speaker, dia_id=dia_id, text=text, timestamp=timestamp)
+
+
+def parse_qa(raw: dict, where: str) -> QA | None:
+    category = _need(raw, "category", int, where)
+    if category == 5:
+        return None
+    if category not in CATEGORY_NAMES:
+        raise DataError(f"{where}: unknown category {category}")
+    question = _need(raw, "question", str, where)
+    answer = _need(raw, "answer", (str, int, float), where)
+    evidence = raw.get("evidence", [])
+    if not isinstance(evidence, list):
+        raise DataError(f"{where}: 'evidence' should be a list")
+    return QA(question=question, answer=str(answer), evidence=[str(e) for e in evidence],
+              category=category, kind=str(raw.get("memr1_kind", "")))
+
+
+def parse_conversation(raw: dict, where: str = "conversation") -> Conversation:
+    sample_id = _need(raw, "sample_id", str, where)
+    where = f"{where} {sample_id}"
+    conv = _need(raw, "conversation", dict, where)
+    sessions = []
+    for n in _session_numbers(conv):
+        date_time = conv.get(f"session_{n}_date_time", "")
+        if not isinstance(date_time, str):
+            raise DataError(f"{where}: session_{n}_date_time should be a string")
+        turns = [parse_turn(t, date_time, f"{where} session_{n} turn {i}")
+                 for i, t in enumerate(conv[f"session_{n}"])]
+        sessions.append(Session(index=n, date_time=date_time, turns=turns))
+    if not sessions:
+        raise DataError(f"{where}: no session_<N> lists in 'conversation'")
+    qa = [q for i, r in enumerate(_need(raw, "qa", list, where))
+          if (q := parse_qa(r, f"{where} qa {i}")) is not None]
+    split = raw.get("memr1_split", split_of(sample_id))
+    if split not in SPLITS:
+        raise DataError(f"{where}: memr1_split {split!r} is not one of {SPLITS}")
+    return Conversation(sample_id=sample_id, speaker_a=_need(conv, "speaker_a", str, where),
+                        speaker_b=_need(conv, "speaker_b", str, where), sessions=sessions, qa=qa,
+                        split=split, oracle=raw.get("memr1_oracle"))
+
+
+def parse_locomo(raw, source: str = "<memory>") -> list[Conversation]:
+    if not isinstance(raw, list):
+        raise DataError(f"{source}: expected a JSON list of conversations, got {type(raw).__name__}")
+    convs = [parse_conversation(c, f"{source} item {i}") for i, c in enumerate(raw)]
+    seen = set()
+    for c in convs:
+        if c.sample_id in seen:
+            raise DataError(f"{source}: duplicate sample_id {c.sample_id!r}")
+        seen.add(c.sample_id)
+    return convs
+
+
+def load_locomo(path) -> list[Conversation]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        raw = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    return parse_locomo(raw, str(path))
+
+
+def by_split(convs: list[Conversation]) -> dict[str, list[Conversation]]:
+    out = {s: [] for s in SPLITS}
+    for c in convs:
+        out[c.split].append(c)
+    return out
+
+
+def stats(convs: list[Conversation]) -> dict:
+    """Counts per split, as `memr1 data stats --json` prints them."""
+    splits = {}
+    for name, group in by_split(convs).items():
+        qa = [q for c in group for q in c.qa]
+        splits[name] = {
+            "conversations": len(group),
+            "sessions": sum(len(c.sessions) for c in group),
+            "turns": sum(len(s.turns) for c in group for s in c.sessions),
+            "qa": len(qa),
+            "by_category": {CATEGORY_NAMES[k]: sum(q.category == k for q in qa) for k in CATEGORY_NAMES},
+            "by_category_number": {str(k): sum(q.category == k for q in qa) for k in CATEGORY_NAMES},
+        }
+    return {"category_mapping": "mem0", "splits": splits}
+
+
+def stats_cli(args) -> int:
+    """`memr1 data stats PATH [--json]`."""
+    try:
+        result = stats(load_locomo(args.path))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    cats = "  ".join(f"{k}:{v}" for k, v in CATEGORY_NAMES.items())
+    print(f"{args.path}  (categories, Mem0 mapping: {cats})")
+    print(f"{'split':<6} {'convs':>5} {'sess':>5} {'turns':>6} {'qa':>5}  " +
+          " ".join(f"{v:>12}" for v in CATEGORY_NAMES.values()))
+    for name, s in result["splits"].items():
+        print(f"{name:<6} {s['conversations']:>5} {s['sessions']:>5} {s['turns']:>6} {s['qa']:>5}  " +
+              " ".join(f"{s['by_category'][v]:>12}" for v in CATEGORY_NAMES.values()))
+    return 0

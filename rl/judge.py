@@ -1,0 +1,131 @@
+"""LLM-as-a-Judge (the J metric): a generous CORRECT/WRONG label per answer.
+
+The judge is any `Generator` (see memr1.rl.agents) or an OpenAI-compatible chat endpoint through
+`OpenAIChatGenerator` (urllib only). Unparseable verdicts are retried; items that still fail are
+counted as FAILED and reported, never silently scored as right or wrong.
+"""
+import json
+import re
+import urllib.request
+
+import msgspec
+
+from memr1.rl.agents.jsonish import extract_json
+
+LABELS = ("CORRECT", "WRONG")
+
+JUDGE_SYSTEM = """You grade answers to questions about past conversations. You get the question, the
+gold answer and a generated answer. Be generous:
+- The generated answer is CORRECT if it refers to the same thing as the gold answer, even when it is
+  longer, worded differently, or adds harmless detail.
+- A date or time period is CORRECT if it means the same date or period in another format
+  ("7 May 2023", "May 7th, 2023", "the day before 8 May 2023").
+- Otherwise, including empty or unrelated answers, it is WRONG.
+
+Reply with JSON only: {"reasoning": "<one sentence>", "label": "CORRECT"} or with "WRONG"."""
+
+
+def build_judge_messages(question: str, gold: str, answer: str) -> list[dict]:
+    for name, value in (("question", question), ("gold", gold), ("answer", answer)):
+        if not isinstance(value, str):
+            raise TypeError(f"build_judge_messages: {name} must be str, got {type(value).__name__}")
+    user = f"Question: {question}\nGold answer: {gold}\nGenerated answer: {answer}"
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def parse_judge(output) -> str | None:
+    """CORRECT, WRONG, or None when the verdict cannot be read. Never raises."""
+    value, _ = extract_json(output, dict)
+    if isinstance(value, dict):
+        label = next((v for k, v in value.items() if str(k).lower() == "label"), None)
+        if isinstance(label, str) and label.strip().upper() in LABELS:
+            return label.strip().upper()
+    if isinstance(output, str):   # no usable JSON: accept a bare verdict only when it is unambiguous
+        found = {w.upper() for w in re.findall(r"\b(correct|wrong)\b", output, re.I)}
+        if len(found) == 1:
+            return found.pop()
+    return None
+
+
+class JudgeReport(msgspec.Struct):
+    labels: list[str]          # CORRECT / WRONG / FAILED, one per item
+    n_correct: int
+    n_wrong: int
+    n_failed: int
+    calls: int                 # generate() calls made, retries included
+    errors: list[str]          # generator exceptions, for the log
+
+    @property
+    def score(self) -> float:
+        """Percent CORRECT among the items that got a verdict (FAILED items reported separately)."""
+        judged = self.n_correct + self.n_wrong
+        return 100.0 * self.n_correct / judged if judged else 0.0
+
+
+def judge_answers(generator, items: list[tuple[str, str, str]], sampling=None, retries: int = 2) -> JudgeReport:
+    """Label (question, gold, answer) items with one batched call, then retry the unreadable ones."""
+    labels: list[str | None] = [None] * len(items)
+    prompts = [build_judge_messages(q, g, a) for q, g, a in items]
+    pending, calls, errors = list(range(len(items))), 0, []
+    for _ in range(1 + max(0, retries)):
+        if not pending:
+            break
+        calls += 1
+        try:
+            outs = generator.generate([prompts[i] for i in pending], 1, sampling)
+        except Exception as e:   # a flaky endpoint costs a retry, not the whole evaluation
+            errors.append(f"{type(e).__name__}: {e}"[:300])
+            continue
+        for i, completions in zip(pending, outs):
+            text = getattr(completions[0], "text", "") if completions else ""
+            labels[i] = parse_judge(text)
+        pending = [i for i in pending if labels[i] is None]
+    final = [lab or "FAILED" for lab in labels]
+    return JudgeReport(labels=final, n_correct=final.count("CORRECT"), n_wrong=final.count("WRONG"),
+                       n_failed=final.count("FAILED"), calls=calls, errors=errors)
+
+
+class TextCompletion(msgspec.Struct):
+    text: str
+    token_ids: list[int] = []
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+def _sampling_value(sampling, key: str, default):
+    if isinstance(sampling, dict):
+        return sampling.get(key, default)
+    return getattr(sampling, key, default) if sampling is not None else default
+
+
+class OpenAIChatGenerator:
+    """A `Generator` over an OpenAI-compatible `/chat/completions` endpoint (one request per prompt).
+    `url` is the API base, e.g. "http://localhost:8000/v1"."""
+
+    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"OpenAIChatGenerator: url must start with http:// or https://, got {url!r}")
+        base = url.rstrip("/")
+        self.endpoint = base if base.endswith("/chat/completions") else base + "/chat/completions"
+        self.model, self.api_key, self.timeout = model, api_key, timeout
+
+    def _post(self, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            return json.loads(resp.read())
+
+    def generate(self, prompts: list, n: int = 1, sampling=None) -> list[list[TextCompletion]]:
+        out = []
+        for messages in prompts:
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise TypeError("OpenAIChatGenerator takes chat message lists, not token ids")
+            body = {"model": self.model, "messages": messages, "n": n,
+                    "temperature": _sampling_value(sampling, "temperature", 0.0),
+                    "max_tokens": _sampling_value(sampling, "max_tokens", 256)}
+            choices = self._post(body).get("choices", [])
+            out.append([TextCompletion(text=(c.get("message") or {}).get("content") or "",
+                                       finish_reason=c.get("finish_reason")) for c in choices])
+        return out

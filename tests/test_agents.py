@@ -1,0 +1,190 @@
+import json
+
+import numpy as np
+import pytest
+
+from memr1.memory_store import HashEmbedder, MemoryBank
+from memr1.rl.agents.answer import AnswerConfig, build_answer_messages, parse_answer, retrieve_for_questions
+from memr1.rl.agents.extract import build_extract_messages, parse_facts
+from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
+                                     parse_manager_output, to_store_ops)
+from memr1.rl.data.synthetic import synthesize
+
+DIM = 64
+
+
+class CountingEmbedder(HashEmbedder):
+    def __init__(self):
+        super().__init__(dim=DIM)
+        self.calls = 0
+
+    def embed(self, texts):
+        self.calls += 1
+        return super().embed(texts)
+
+
+# ---- extraction ----
+def test_extract_prompt_and_parser():
+    msgs = build_extract_messages("Andrew", "I adopted a dog yesterday!", "1:56 pm on 8 May, 2023",
+                                  context=[("Bea", "Any news?")])
+    assert msgs[0]["role"] == "system" and "relative dates" in msgs[0]["content"]
+    assert "Andrew: I adopted a dog yesterday!" in msgs[1]["content"] and "8 May, 2023" in msgs[1]["content"]
+    assert "Bea: Any news?" in msgs[1]["content"]
+    with pytest.raises(TypeError, match="speaker"):
+        build_extract_messages(None, "x")
+    r = parse_facts('```json\n{"facts": ["Andrew has 1 dog", "Andrew has 1 dog", "", 3]}\n```')
+    assert r.parsed and r.facts == ["Andrew has 1 dog"]
+    assert parse_facts('["a", {"fact": "b"}]').facts == ["a", "b"]
+    r = parse_facts("Here you go:\n- Andrew has 1 dog\n2. Andrew lives in Lyon")
+    assert not r.parsed and r.facts == ["Andrew has 1 dog", "Andrew lives in Lyon"]
+    assert parse_facts('{"facts": []}').facts == [] and parse_facts('{"facts": []}').parsed
+    assert parse_facts(None).facts == [] and parse_facts('{"other": 1}').error
+
+
+# ---- manager ----
+def test_manager_prompt_uses_small_local_ids():
+    memories = [(90817, "Andrew has 1 dog", "8 May 2023"), (5, "Andrew lives in Lyon", "9 May 2023")]
+    p = build_manager_prompt(["Andrew has 2 dogs"], memories, speaker="Andrew", date_time="10 May 2023")
+    assert p.bank_ids == [90817, 5]
+    user = p.messages[1]["content"]
+    assert '{"id": "0", "text": "Andrew has 1 dog"}' in user and '"id": "1"' in user
+    assert "90817" not in user and "Andrew has 2 dogs" in user
+    for word in ("ADD", "UPDATE", "DELETE", "NONE", "old_memory"):
+        assert word in p.messages[0]["content"]
+    with pytest.raises(TypeError, match="facts"):
+        build_manager_prompt("not a list", memories)
+    with pytest.raises(TypeError, match="memories"):
+        build_manager_prompt([], [("x",)])
+
+
+def test_manager_parser_cases():
+    out = """Sure! Here is the update:
+```json
+{"memory": [
+  {"id": "0", "text": "Andrew has 2 dogs", "event": "UPDATE", "old_memory": "Andrew has 1 dog"},
+  {"id": 1, "text": "Andrew lives in Lyon", "event": "none"},
+  {"id": "7", "text": "Andrew likes tea", "event": "ADD"},
+  {"id": "9", "text": "x", "event": "DELETE"},
+  {"id": "0", "text": "", "event": "DELETE"},
+  {"id": "1", "text": "Andrew lives in Paris", "event": "UPDATE",},
+]}
+```"""
+    ops, d = parse_manager_output(out, n_shown=2)
+    assert ops == [ManagerOp("UPDATE", 0, "Andrew has 2 dogs", "Andrew has 1 dog"),
+                   ManagerOp("NONE", 1, "Andrew lives in Lyon"), ManagerOp("ADD", None, "Andrew likes tea")]
+    assert d.parsed and d.hallucinated_ids == ["9"] and d.duplicate_ids == 2 and d.status == "hallucinated_id"
+    assert d.counts == {"ADD": 1, "UPDATE": 1, "DELETE": 0, "NONE": 1}
+    # missing old_memory, NOOP spelling, bare list
+    ops, d = parse_manager_output('[{"id": "0", "event": "NOOP"}, {"id": "0", "text": "t", "event": "UPDATE"}]', 1)
+    assert [o.event for o in ops] == ["NONE"] and d.duplicate_ids == 1 and d.status == "invalid_item"
+    ops, d = parse_manager_output('{"memory": []}', 3)
+    assert ops == [] and d.status == "ok" and d.penalty == 0.0
+
+
+def test_manager_parse_failure_means_no_ops_and_a_penalty():
+    cfg = ManagerConfig(format_penalty=0.7, hallucination_penalty=0.1)
+    for bad in ("", "I think we should add it.", '{"memory": "none"}', None, 17, "{{{{"):
+        ops, d = parse_manager_output(bad, 3, cfg)
+        assert ops == [] and not d.parsed and d.status == "parse_error" and d.penalty == 0.7 and d.error
+    out = '{"memory": [{"id": "5", "event": "DELETE"}, {"id": "-1", "event": "DELETE"}]}'
+    _, d = parse_manager_output(out, 3, cfg)
+    assert d.penalty == pytest.approx(0.2) and d.hallucinated_ids == ["5", "-1"]
+
+
+def test_to_store_ops_one_embedder_call_and_applies_to_a_bank():
+    emb = CountingEmbedder()
+    bank = MemoryBank.create(None, dim=DIM)
+    a = bank.apply_batch(to_store_ops([ManagerOp("ADD", None, "Andrew has 1 dog"),
+                                       ManagerOp("ADD", None, "Andrew lives in Lyon")], [], emb, "Andrew", "t1"))
+    assert emb.calls == 1 and len(bank) == 2
+    memories = bank.items_for_prompt()
+    prompt = build_manager_prompt(["Andrew has 2 dogs"], memories[::-1])   # local 0 -> bank id a[1]
+    out = json.dumps({"memory": [{"id": "1", "text": "Andrew has 2 dogs", "event": "UPDATE"},
+                                 {"id": "0", "text": "Andrew lives in Lyon", "event": "DELETE"},
+                                 {"id": "2", "text": "Andrew likes tea", "event": "ADD"}]})
+    ops, d = parse_manager_output(out, len(prompt.bank_ids))
+    store_ops = to_store_ops(ops, prompt.bank_ids, emb, "Andrew", "t2")
+    assert emb.calls == 2 and d.status == "ok"
+    child = bank.fork()
+    child.apply_batch(store_ops)
+    assert sorted(m.text for m in child) == ["Andrew has 2 dogs", "Andrew likes tea"]
+    assert child.get(a[0]).timestamp == "t2" and a[1] not in child
+    assert len(bank) == 2   # the parent is untouched
+    # all-NONE output: no store ops, no embedder call
+    assert to_store_ops([ManagerOp("NONE", 0)], prompt.bank_ids, emb, "Andrew") == [] and emb.calls == 2
+
+
+def test_oracle_manager_rebuilds_the_final_facts_through_prompts_and_parser():
+    """A perfect manager driven by the synthetic oracle, through the real prompt/parse/bank path."""
+    emb = HashEmbedder(dim=DIM)
+    for conv in synthesize(6, seed=11):
+        bank, slot_ids = MemoryBank.create(None, dim=DIM), {}
+        for e in conv["memr1_oracle"]["timeline"]:
+            shown = bank.items_for_prompt(speaker=e["speaker"])
+            prompt = build_manager_prompt([e["fact"]], shown)
+            local = {bid: i for i, (bid, _, _) in enumerate(shown)}
+            item = {"id": str(len(shown)), "text": e["memory"], "event": e["event"]}
+            if e["event"] != "ADD":
+                item["id"] = str(local[slot_ids[e["slot"]]])
+                item["old_memory"] = e["old_memory"]
+            ops, d = parse_manager_output(json.dumps({"memory": [item]}), len(prompt.bank_ids))
+            assert d.status == "ok" and len(ops) == 1
+            result = bank.apply_batch(to_store_ops(ops, prompt.bank_ids, emb, e["speaker"], e["date"]))
+            if e["event"] == "ADD":
+                slot_ids[e["slot"]] = result[0]
+            elif e["event"] == "DELETE":
+                slot_ids.pop(e["slot"])
+        assert {s: bank.get(i).text for s, i in slot_ids.items()} == conv["memr1_oracle"]["final_facts"]
+        assert len(bank) == len(slot_ids)
+
+
+def test_memories_for_facts_merges_without_duplicates():
+    emb = HashEmbedder(dim=DIM)
+    bank = MemoryBank.create(None, dim=DIM)
+    texts = [f"fact number {i}" for i in range(12)]
+    bank.apply_batch(to_store_ops([ManagerOp("ADD", None, t) for t in texts], [], emb, "A"))
+    got = memories_for_facts(bank, emb.embed(["fact number 3", "fact number 3", "fact number 7"]), k=5)
+    assert len(got) == 5 and len({g[0] for g in got}) == 5
+    assert got[0][1] == "fact number 3" and got[1][1] == "fact number 7"
+
+
+# ---- answer agent ----
+def test_answer_prompt_distill_and_direct():
+    mems = {"Andrew": [(3, "Andrew has 2 dogs", "8 May 2023")] * 40, "Bea": [("Bea lives in Lyon", "")]}
+    msgs = build_answer_messages("How many dogs does Andrew have?", mems)
+    user = msgs[1]["content"]
+    assert user.count("- [8 May 2023] Andrew has 2 dogs") == 30 and "- Bea lives in Lyon" in user
+    assert "Relevant memories" in msgs[0]["content"] and "most recent" in msgs[0]["content"]
+    direct = build_answer_messages("Q?", {"A": []}, AnswerConfig(distill=False, top_k_per_speaker=5))
+    assert "Relevant memories" not in direct[0]["content"] and "- (none)" in direct[1]["content"]
+    with pytest.raises(ValueError, match="question"):
+        build_answer_messages("  ", mems)
+    with pytest.raises(TypeError, match="memory must be"):
+        build_answer_messages("Q?", {"A": [("a", "b", "c", "d")]})
+
+
+def test_answer_parser():
+    r = parse_answer("Relevant memories:\n- [8 May 2023] Andrew has 2 dogs\n- Andrew has 1 dog\n\nAnswer: 2")
+    assert r.answer == "2" and r.has_answer_tag
+    assert r.selected == ["[8 May 2023] Andrew has 2 dogs", "Andrew has 1 dog"]
+    assert parse_answer("**Answer:** \"Lyon\"").answer == "Lyon"
+    assert parse_answer("answer: x\nFinal Answer: 7 May 2023").answer == "7 May 2023"
+    assert parse_answer("Answer:\nDenver").answer == "Denver"
+    r = parse_answer("I think it is\nDenver")
+    assert r.answer == "Denver" and not r.has_answer_tag and r.selected == ["I think it is"]
+    assert parse_answer("").answer == "" and parse_answer(None).answer == ""
+
+
+def test_retrieve_for_questions_batches_embedding():
+    emb = CountingEmbedder()
+    banks = []
+    for name in ("A", "B"):
+        bank = MemoryBank.create(None, dim=DIM)
+        bank.apply_batch(to_store_ops([ManagerOp("ADD", None, f"{name} fact {i}") for i in range(5)], [], emb, name))
+        banks.append(bank)
+    emb.calls = 0
+    out = retrieve_for_questions([(banks[0], "A fact 1?", ["A", "B"]), (banks[1], "B fact 2?", ["B"])], emb, k=3)
+    assert emb.calls == 1 and len(out) == 2
+    assert len(out[0]["A"]) == 3 and out[0]["B"] == [] and len(out[1]["B"]) == 3
+    assert isinstance(out[1]["B"][0][0], int) and np.isscalar(out[1]["B"][0][0])
+    assert retrieve_for_questions([], emb, 3) == []

@@ -1,0 +1,123 @@
+import json
+import re
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from memr1.engine.cli import main as cli_main
+from memr1.rl.data.locomo import load_locomo
+from memr1.rl.data.synthetic import apply_oracle, load_synthetic, split_for, synth_cli, synthesize
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthesize(N, seed=3)
+
+
+def test_deterministic_and_prefix_stable(data):
+    assert json.dumps(synthesize(N, seed=3)) == json.dumps(data)
+    assert json.dumps(synthesize(5, seed=3)) == json.dumps(data[:5])
+    assert json.dumps(synthesize(5, seed=4)) != json.dumps(data[:5])
+
+
+def test_oracle_replays_to_final_facts_on_a_dict(data):
+    events = Counter()
+    for conv in data:
+        oracle = conv["memr1_oracle"]
+        assert apply_oracle(oracle["timeline"]) == oracle["final_facts"]
+        events.update(e["event"] for e in oracle["timeline"])
+    assert all(events[e] > 0 for e in ("ADD", "UPDATE", "DELETE", "NONE")), events
+
+
+def test_oracle_rejects_an_inconsistent_timeline(data):
+    timeline = [dict(e) for e in data[0]["memr1_oracle"]["timeline"]]
+    first_update = next(e for e in timeline if e["event"] in ("UPDATE", "DELETE", "NONE"))
+    first_update["old_memory"] = "something else"
+    with pytest.raises(ValueError, match="expects"):
+        apply_oracle(timeline)
+
+
+def test_timeline_points_at_real_turns(data):
+    for conv in data:
+        turns = {t["dia_id"]: t for k, v in conv["conversation"].items() if isinstance(v, list) for t in v}
+        for e in conv["memr1_oracle"]["timeline"]:
+            assert turns[e["dia_id"]]["speaker"] == e["speaker"]
+            assert e["fact"].startswith(e["speaker"])
+        # chit-chat: most turns carry no fact
+        assert len(turns) > len(conv["memr1_oracle"]["timeline"])
+
+
+def test_answers_follow_the_latest_state(data):
+    """Every single-hop answer appears in the final memory of the slot its evidence set."""
+    checked = 0
+    for conv in data:
+        oracle = conv["memr1_oracle"]
+        final_texts = set(oracle["final_facts"].values())
+        by_dia = {e["dia_id"]: e for e in oracle["timeline"]}
+        for qa in conv["qa"]:
+            assert qa["category"] in (1, 2, 3, 4) and qa["answer"] and len(qa["answer"].split()) <= 6
+            for ev in qa["evidence"]:
+                assert by_dia[ev]["memory"] in final_texts      # evidence is still live at the end
+            if qa["category"] == 1:
+                memory = by_dia[qa["evidence"][0]]["memory"]
+                assert re.search(rf"\b{re.escape(qa['answer'])}\b", memory), (qa, memory)
+                checked += 1
+        counts = [q for q in conv["qa"] if q["memr1_kind"] == "count"]
+        for q in counts:   # the count is the latest one, after any second adoption
+            assert by_dia[q["evidence"][0]]["memory"].split(" has ")[1].startswith(q["answer"] + " ")
+    assert checked > 100
+
+
+def test_variety_and_categories(data):
+    texts = {t["text"] for c in data for k, v in c["conversation"].items() if isinstance(v, list) for t in v}
+    assert len(texts) > 300
+    cats = Counter(q["category"] for c in data for q in c["qa"])
+    assert all(cats[k] >= 10 for k in (1, 2, 3, 4)), cats
+    names = {c["conversation"]["speaker_a"] for c in data}
+    assert len(names) > 10
+
+
+def test_split_and_loader(data):
+    assert [split_for(i) for i in range(10)] == ["train"] * 8 + ["val", "test"]
+    convs = load_synthetic(N, seed=3)
+    assert Counter(c.split for c in convs) == {"train": 32, "val": 4, "test": 4}
+    assert [c.sample_id for c in load_synthetic(N, seed=3, split="val")] == ["synth-3-0008", "synth-3-0018",
+                                                                             "synth-3-0028", "synth-3-0038"]
+    assert convs[0].oracle == data[0]["memr1_oracle"]
+    assert all(q.kind for c in convs for q in c.qa)
+
+
+def test_synth_cli_writes_a_loadable_file(tmp_path, capsys):
+    out = tmp_path / "sub" / "synth.json"
+    assert cli_main(["data", "synth", "--out", str(out), "--conversations", "12", "--seed", "7"]) == 0
+    assert "12 conversations" in capsys.readouterr().out
+    convs = load_locomo(out)
+    assert len(convs) == 12 and convs[0].sample_id == "synth-7-0000"
+    assert json.loads(out.read_text()) == synthesize(12, seed=7)
+    with pytest.raises(ValueError, match=">= 1"):
+        synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0))
+
+
+def test_oracle_on_a_real_memory_bank(data):
+    store = pytest.importorskip("memr1.memory_store", reason="memory_store not importable")
+    if not hasattr(store, "MemoryBank"):
+        pytest.skip("memr1.memory_store.MemoryBank has not landed yet")
+    embedder = store.HashEmbedder(dim=64)
+    for conv in data[:10]:
+        bank, ids = store.MemoryBank.create(None, dim=64), {}
+        for e in conv["memr1_oracle"]["timeline"]:
+            if e["event"] == "ADD":
+                ids[e["slot"]] = bank.apply(store.Add(text=e["memory"], vector=embedder.embed([e["memory"]])[0],
+                                                      speaker=e["speaker"], timestamp=e["date"]))
+            elif e["event"] == "UPDATE":
+                bank.apply(store.Update(id=ids[e["slot"]], text=e["memory"], vector=embedder.embed([e["memory"]])[0]))
+            elif e["event"] == "DELETE":
+                bank.apply(store.Delete(id=ids.pop(e["slot"])))
+            else:
+                assert bank.get(ids[e["slot"]]).text == e["old_memory"]
+                bank.apply(store.Noop())
+        assert len(bank) == len(conv["memr1_oracle"]["final_facts"])
+        assert {slot: bank.get(i).text for slot, i in ids.items()} == conv["memr1_oracle"]["final_facts"]
