@@ -9,6 +9,7 @@ HANDLERS = {
     ("model", "prepare"): "memr1.engine.generation.model:prepare_cli",
     ("data", "synth"): "memr1.rl.data.synthetic:synth_cli",
     ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
+    ("eval", None): "memr1.engine.evaluate:eval_cli",
 }
 
 
@@ -20,6 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True)
     prep = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct to an HF checkpoint once")
     prep.add_argument("--force", action="store_true", help="convert again even if cached")
+
+    ev = sub.add_parser("eval", help="build banks, answer a split, and print the paper's table")
+    ev.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
+    ev.add_argument("--checkpoint", help="HF checkpoint dir of a trained policy (default: the config's model)")
+    ev.add_argument("--split", default="val", choices=["train", "val", "test"])
+    ev.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. eval.baseline=rag")
 
     data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
     synth = data.add_parser("synth", help="write the synthetic multi-session set (LoCoMo format)")
