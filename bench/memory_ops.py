@@ -17,7 +17,7 @@ import numpy as np
 from usearch.index import Index
 
 from memr1.bench.common import machine_info, percentiles, print_table, write_json
-from memr1.memory_store import Add, Delete, MemoryBank, Noop, Update
+from memr1.memory_store import Add, BankConfig, Delete, MemoryBank, Noop, Update
 
 DIM = 384
 
@@ -68,6 +68,8 @@ def bench_size(size: int, n_ops: int, n_slow: int, workdir: Path, hnsw_threshold
                     recall_at_10=rec, mode="hnsw" if bank.stats()["hnsw_speakers"] else "exact"))
     rows.append(row("memr1", "search_exact", size, timed(lambda i: bank.search(queries[i % 200], 10, exact=True),
                                                           min(n_slow, 50)), recall_at_10=1.0))
+    # The floor for exact search: one BLAS matvec over the same matrix, no top-k, no Python API.
+    rows.append(row("numpy_matvec", "search_exact", size, timed(lambda i: base @ queries[i % 200], min(n_slow, 50))))
     rows.append(row("memr1", "fork", size, timed(lambda i: bank.fork(), n_ops)))
     rng = np.random.default_rng(0)
     to_update = rng.integers(0, size, n_ops)
@@ -105,12 +107,29 @@ def bench_size(size: int, n_ops: int, n_slow: int, workdir: Path, hnsw_threshold
     return rows
 
 
+def threshold_sweep(sizes: list[int], n: int) -> list[dict]:
+    """Exact vs HNSW search p50 on the same rows, to place BankConfig.hnsw_threshold."""
+    rows = []
+    queries = clustered(200, seed=7)
+    for size in sizes:
+        vecs = clustered(size, seed=size + 3)
+        bank = MemoryBank.from_arrays(None, vecs, ["m"] * size, ["user"] * size, ["t"] * size, hnsw_threshold=1)
+        for mode in ("exact", "hnsw"):
+            samples = timed(lambda i: bank.search(queries[i % 200], 10, exact=mode == "exact"), n)
+            rows.append(row(f"memr1_{mode}", "search_sweep", size, samples))
+    by = {(r["impl"], r["bank_size"]): r["p50_us"] for r in rows}
+    cross = next((s for s in sizes if by[("memr1_hnsw", s)] < by[("memr1_exact", s)]), None)
+    print(f"  HNSW search beats exact search from {cross:,} rows on" if cross else
+          f"  exact search was faster at every swept size up to {sizes[-1]:,}")
+    return rows
+
+
 def ratios(rows: list[dict]) -> list[str]:
     by = {(r["impl"], r["op"], r["bank_size"]): r["p50_us"] for r in rows}
-    sizes = sorted({r["bank_size"] for r in rows})
+    sizes = sorted({r["bank_size"] for r in rows if r["op"] != "search_sweep"})
     lines = []
     for op in ("add", "update", "delete", "noop", "fork", "search"):
-        for size in sizes:
+        for size in [s for s in sizes if ("memr1", op, s) in by]:
             if ("usearch", op, size) in by and by[("memr1", op, size)] > 0:
                 lines.append(f"{op} @ {size:,}: memr1 is {by[('usearch', op, size)] / by[('memr1', op, size)]:,.1f}x "
                              f"the usearch baseline")
@@ -124,7 +143,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="sizes 1e3 and 1e5 only, fewer samples")
     p.add_argument("--json", required=True, help="where to write the results")
-    p.add_argument("--hnsw-threshold", type=int, default=20_000)
+    p.add_argument("--hnsw-threshold", type=int, default=BankConfig(dim=DIM).hnsw_threshold)
     args = p.parse_args(argv)
     sizes = [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000]
     n_ops, n_slow = (2000, 200) if args.quick else (5000, 500)
@@ -132,6 +151,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="memr1-bench-") as tmp:
         for size in sizes:
             rows += bench_size(size, n_ops, n_slow, Path(tmp), args.hnsw_threshold)
+    rows += threshold_sweep([2_000, 4_000, 8_000, 16_000, 32_000], n_slow)
     print_table(rows, ["impl", "op", "bank_size", "p50_us", "p99_us", "n", "recall_at_10"])
     for line in ratios(rows):
         print("  " + line)

@@ -90,6 +90,9 @@ struct Base {
   int64_t n = 0;
   const float* vectors = nullptr;  // [n, dim], memory-mapped by the Python side
   std::vector<Record*> rows;       // one reference each
+  // Per-row copies of what the search loop reads, contiguous so the scan never chases record pointers.
+  std::vector<float> inv_norms;
+  std::vector<uint32_t> speakers;
   std::shared_ptr<void> keepalive; // holds the Python buffer alive
   ~Base() { for (auto* r : rows) release(r); }
 };

@@ -79,6 +79,8 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
     for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
     r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
     base->rows.push_back(r);
+    base->inv_norms.push_back(r->inv_norm);
+    base->speakers.push_back(r->speaker);
   }
   return base;
 }

@@ -290,10 +290,10 @@ std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std
   validate_vector(q, dim_, &qinv);
   TopK top(k);
   auto consider_base = [&](int64_t row) {
-    const Record* r = base_->rows[row];
-    if (speaker >= 0 && r->speaker != speaker) return;
-    float s = dot(q, base_->vectors + row * dim_, dim_) * qinv * r->inv_norm;
+    if (speaker >= 0 && base_->speakers[row] != speaker) return;
+    float s = dot(q, base_->vectors + row * dim_, dim_) * qinv * base_->inv_norms[row];
     if (!top.admits(s)) return;
+    const Record* r = base_->rows[row];
     if (base_dead_ && ids_.get(static_cast<uint64_t>(r->id)) != r) return;  // superseded or deleted
     top.push({s, r->id});
   };
