@@ -1,0 +1,204 @@
+"""The async actor-learner loop: one rollout producer thread feeds a bounded queue that the learner
+drains, with a hard bound on how stale a consumed rollout may be.
+
+Capacity is what enforces the bound: the producer starts rollout s only once the generator holds
+weights of version >= v(s) - max_staleness, where v(s) is the learner version that will consume it
+(s minus the rollouts skipped before it). So staleness = v(s) - version_sampled <= max_staleness, and
+nothing is generated that would have to be thrown away. max_staleness = 0 is synchronous on-policy.
+
+The loop knows nothing of Memory-R1: a Stage turns a step number into a TrainBatch (prompts ->
+completions -> rewards), and the learner trains on it.
+"""
+import queue
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol
+
+import msgspec
+
+
+class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    steps: int = 4
+    max_staleness: int = 0          # 0: synchronous; k: rollouts may run k weight versions ahead
+    sync_every: int = 1             # push weights to the generator every n learner steps
+    on_rollout_error: Literal["stop", "skip"] = "stop"
+    max_skipped: int = 8            # with "skip": stop once this many rollouts failed
+    checkpoint_every: int = 0       # 0: only at the end and on SIGINT/SIGTERM
+    weight_bucket_mb: int = 256
+
+
+class Stage(Protocol):
+    name: str
+
+    def rollout(self, step: int, generator) -> "Rollout":
+        """Sample and score the batch of `step` (chosen by step, so a resumed run sees the same data)."""
+
+
+class Learner(Protocol):
+    def train_step(self, batch) -> dict: ...
+    def export_weights(self, bucket_bytes: int): ...
+
+
+@dataclass
+class Rollout:
+    batch: Any                      # the learner's TrainBatch
+    metrics: dict = field(default_factory=dict)  # reward_mean, op mix, parse failures, gen_s, score_s...
+    step: int = -1
+    weight_version: int = -1        # version of the weights the completions were sampled with
+
+
+@dataclass
+class RolloutFailure:
+    step: int
+    error: BaseException
+    trace: str
+
+
+class RolloutError(RuntimeError):
+    """A rollout producer raised; the message carries the step and the producer's traceback."""
+
+
+class Loop:
+    def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig,
+                 on_step: Callable[[dict], None] = lambda m: None,
+                 save_checkpoint: Callable[[int], None] = lambda step: None):
+        if cfg.sync_every < 1 or cfg.max_staleness < 0:
+            raise ValueError("loop.sync_every must be >= 1 and loop.max_staleness >= 0")
+        if cfg.max_staleness < cfg.sync_every - 1:
+            raise ValueError(f"loop.sync_every={cfg.sync_every} needs loop.max_staleness >= {cfg.sync_every - 1}: "
+                             f"rollouts are sampled with weights up to sync_every-1 versions old")
+        self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
+        self.on_step, self.save_checkpoint = on_step, save_checkpoint
+        self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
+        self.gen_lock = threading.Lock()       # generation and weight loading never overlap
+        self.cond = threading.Condition()      # signals a new generator weight version / a stop
+        self.stop_requested = False
+        self.stats = {"skipped": 0, "too_stale": 0}
+
+    # ---- producer thread ----
+    def _produce(self, start: int, end: int, start_version: int) -> None:
+        failed = 0
+        for step in range(start, end):
+            consumer_version = start_version + (step - start) - failed
+            with self.cond:  # capacity: wait for weights recent enough for the step that consumes this
+                self.cond.wait_for(lambda: self.stop_requested or
+                                   self.generator.weight_version >= consumer_version - self.cfg.max_staleness)
+                if self.stop_requested:
+                    return
+            try:
+                with self.gen_lock:
+                    version = self.generator.weight_version
+                    rollout = self.stage.rollout(step, self.generator)
+                rollout.step, rollout.weight_version = step, version
+            except Exception as e:  # reported to the learner thread, never swallowed
+                rollout = RolloutFailure(step, e, traceback.format_exc())
+            self.queue.put(rollout)
+            if isinstance(rollout, RolloutFailure):
+                failed += 1
+                if self.cfg.on_rollout_error == "stop":
+                    return
+
+    # ---- learner (the calling thread) ----
+    def run(self, start_step: int = 0, start_version: int | None = None) -> dict:
+        """Consume rollouts [start_step, cfg.steps). Each trained one bumps the weight version; the
+        generator must hold `start_version` (default: start_step) when this starts."""
+        end = self.cfg.steps
+        version = start_step if start_version is None else start_version
+        producer = threading.Thread(target=self._produce, args=(start_step, end, version), name="rollout",
+                                    daemon=True)
+        old_handlers = self._install_signal_handlers()
+        producer.start()
+        step, last = start_step, {}
+        try:
+            while step < end and not self.stop_requested:
+                t0 = time.perf_counter()
+                item = self._next_item(producer)
+                idle_s = time.perf_counter() - t0
+                if item is None:  # stop requested while waiting
+                    break
+                step += 1
+                if isinstance(item, RolloutFailure):
+                    self._handle_failure(item)
+                    continue
+                staleness = version - item.weight_version
+                if staleness > self.cfg.max_staleness:  # cannot happen by construction; counted if it does
+                    self.stats["too_stale"] += 1
+                    raise RuntimeError(f"rollout of step {step} is {staleness} versions stale "
+                                       f"(bound {self.cfg.max_staleness})")
+                t1 = time.perf_counter()
+                train = self.learner.train_step(item.batch)
+                train_s = time.perf_counter() - t1
+                version += 1
+                sync_s = self._sync(version) if version % self.cfg.sync_every == 0 or step == end else 0.0
+                last = {"step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
+                        "train_s": train_s, "sync_s": sync_s, "idle_s": idle_s,
+                        "step_s": time.perf_counter() - t0, **item.metrics, **train}
+                self.on_step(last)
+                if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
+                    self.save_checkpoint(step)
+        finally:
+            with self.cond:
+                self.stop_requested = True
+                self.cond.notify_all()
+            self._drain(producer)
+            self._restore_signal_handlers(old_handlers)
+        self.save_checkpoint(step)
+        return {"steps_done": step, "weight_version": version, "last": last, **self.stats}
+
+    def _next_item(self, producer: threading.Thread):
+        while True:
+            try:
+                return self.queue.get(timeout=0.5)
+            except queue.Empty:
+                if not producer.is_alive() and self.queue.empty():
+                    raise RolloutError("the rollout producer stopped without producing the next step")
+                if self.stop_requested:
+                    return None
+
+    def _handle_failure(self, f: RolloutFailure) -> None:
+        if self.cfg.on_rollout_error == "stop":
+            raise RolloutError(f"rollout for step {f.step} failed with {type(f.error).__name__}: {f.error}\n"
+                               f"--- producer traceback ---\n{f.trace}") from f.error
+        self.stats["skipped"] += 1
+        self.on_step({"step": f.step + 1, "stage": self.stage.name, "skipped": True,
+                      "error": f"{type(f.error).__name__}: {f.error}"})
+        if self.stats["skipped"] > self.cfg.max_skipped:
+            raise RolloutError(f"{self.stats['skipped']} rollouts failed (loop.max_skipped="
+                               f"{self.cfg.max_skipped}); last at step {f.step}: {f.error}") from f.error
+
+    def _sync(self, version: int) -> float:
+        t = time.perf_counter()
+        with self.gen_lock:
+            bucket_bytes = self.cfg.weight_bucket_mb << 20
+            named = (pair for bucket in self.learner.export_weights(bucket_bytes) for pair in bucket)
+            self.generator.update_weights(named, version)
+        with self.cond:
+            self.cond.notify_all()
+        return time.perf_counter() - t
+
+    def _drain(self, producer: threading.Thread) -> None:
+        while producer.is_alive():
+            try:
+                self.queue.get(timeout=0.1)  # unblock a producer stuck on a full queue
+            except queue.Empty:
+                pass
+        producer.join()
+
+    # ---- SIGINT / SIGTERM: finish the step, checkpoint, stop ----
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            with self.cond:
+                self.stop_requested = True
+                self.cond.notify_all()
+        return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signal_handlers(old) -> None:
+        for s, h in (old or {}).items():
+            signal.signal(s, h)
