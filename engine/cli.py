@@ -10,6 +10,7 @@ HANDLERS = {
     ("data", "synth"): "memr1.rl.data.synthetic:synth_cli",
     ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
+    ("train", None): "memr1.engine.train:train_cli",
 }
 
 
@@ -21,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True)
     prep = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct to an HF checkpoint once")
     prep.add_argument("--force", action="store_true", help="convert again even if cached")
+
+    tr = sub.add_parser("train", help="train the manager, then the answer agent, with PPO or GRPO")
+    tr.add_argument("--config", help="a TOML file, e.g. configs/default.toml")
+    tr.add_argument("--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint")
+    tr.add_argument("--dry-run", action="store_true", help="print the plan and memory estimate, start nothing")
+    tr.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. loop.max_staleness=1")
 
     ev = sub.add_parser("eval", help="build banks, answer a split, and print the paper's table")
     ev.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")

@@ -132,9 +132,10 @@ class Loop:
                 train = self.learner.train_step(item.batch)
                 train_s = time.perf_counter() - t1
                 version += 1
-                sync_s = self._sync(version) if version % self.cfg.sync_every == 0 or step == end else 0.0
+                due = version % self.cfg.sync_every == 0 or step == end
+                sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
                 last = {"step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
-                        "train_s": train_s, "sync_s": sync_s, "idle_s": idle_s,
+                        "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
                         "step_s": time.perf_counter() - t0, **item.metrics, **train}
                 self.on_step(last)
                 if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
@@ -169,15 +170,18 @@ class Loop:
             raise RolloutError(f"{self.stats['skipped']} rollouts failed (loop.max_skipped="
                                f"{self.cfg.max_skipped}); last at step {f.step}: {f.error}") from f.error
 
-    def _sync(self, version: int) -> float:
+    def _sync(self, version: int) -> tuple[float, float]:
+        """(seconds waiting for an in-flight generate call to finish, seconds moving the weights)."""
         t = time.perf_counter()
         with self.gen_lock:
+            t1 = time.perf_counter()
             bucket_bytes = self.cfg.weight_bucket_mb << 20
             named = (pair for bucket in self.learner.export_weights(bucket_bytes) for pair in bucket)
             self.generator.update_weights(named, version)
+            t2 = time.perf_counter()
         with self.cond:
             self.cond.notify_all()
-        return time.perf_counter() - t
+        return t1 - t, t2 - t1
 
     def _drain(self, producer: threading.Thread) -> None:
         while producer.is_alive():

@@ -25,9 +25,8 @@ from memr1.rl.rewards import exact_match
 
 class StageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompts_per_step: int = 4
-    group_size: int = 4             # G completions per prompt (the GRPO group)
-    sampling: SamplingConfig = msgspec.field(default_factory=lambda: SamplingConfig(max_new_tokens=160))
-    frozen_sampling: SamplingConfig = msgspec.field(
+    group_size: int = 4             # G completions per prompt (the GRPO group); rollouts use RunConfig.sampling
+    frozen_sampling: SamplingConfig = msgspec.field(  # the frozen counterpart answers greedily
         default_factory=lambda: SamplingConfig(temperature=0.0, max_new_tokens=48))
 
 
@@ -56,10 +55,10 @@ def answer_prompts(bank, questions: list[str], speakers, embedder, cfg: AnswerCo
 class ManagerStage:
     name = "manager"
 
-    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, manager: ManagerConfig,
-                 answer: AnswerConfig):
+    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, sampling: SamplingConfig,
+                 manager: ManagerConfig, answer: AnswerConfig):
         self.items, self.frozen, self.embedder = items, frozen_answer, embedder
-        self.cfg, self.manager, self.answer = cfg, manager, answer
+        self.cfg, self.sampling, self.manager, self.answer = cfg, sampling, manager, answer
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
@@ -68,7 +67,7 @@ class ManagerStage:
         for it in items:
             memories = memories_for_facts(it.bank, self.embedder.embed(it.facts), self.manager.top_k)
             prompts.append(build_manager_prompt(it.facts, memories, it.speaker, it.timestamp))
-        groups = generator.generate([p.messages for p in prompts], self.cfg.group_size, self.cfg.sampling)
+        groups = generator.generate([p.messages for p in prompts], self.cfg.group_size, self.sampling)
         gen_s = time.perf_counter() - t0
 
         # Every completion edits its own fork; parse or apply failures leave the fork as it was.
@@ -112,15 +111,15 @@ class ManagerStage:
 class AnswerStage:
     name = "answer"
 
-    def __init__(self, items, embedder, cfg: StageConfig, answer: AnswerConfig):
-        self.items, self.embedder, self.cfg, self.answer = items, embedder, cfg, answer
+    def __init__(self, items, embedder, cfg: StageConfig, sampling: SamplingConfig, answer: AnswerConfig):
+        self.items, self.embedder, self.cfg, self.sampling, self.answer = items, embedder, cfg, sampling, answer
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step)
         prompts = [answer_prompts(it.bank, [it.question.question], it.speakers, self.embedder, self.answer)[0]
                    for it in items]
-        groups = generator.generate(prompts, self.cfg.group_size, self.cfg.sampling)
+        groups = generator.generate(prompts, self.cfg.group_size, self.sampling)
         gen_s = time.perf_counter() - t0
         parsed = [[parse_answer(c.text, self.answer) for c in g] for g in groups]
         rewards = [[exact_match(p.answer, it.question.answer) for p in ps] for it, ps in zip(items, parsed)]

@@ -15,8 +15,8 @@ from memr1.rl.data import load_conversations
 from memr1.rl.items import ItemsConfig, build_items
 from tiny_model import tiny_llama
 
-FAST = StageConfig(prompts_per_step=2, group_size=2, sampling=SamplingConfig(max_new_tokens=12, seed=0),
-                   frozen_sampling=SamplingConfig(temperature=0.0, max_new_tokens=6))
+FAST = StageConfig(prompts_per_step=2, group_size=2, frozen_sampling=SamplingConfig(temperature=0.0, max_new_tokens=6))
+SAMPLING = SamplingConfig(max_new_tokens=12, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,10 @@ def make_loop(setup, stage_name, k, steps=2):
     policy = make_generator(gen_cfg)
     learner = Learner(LearnerConfig(model_path=str(folder), lr=1e-4))
     if stage_name == "manager":
-        stage = ManagerStage(manager_items, make_generator(gen_cfg), embedder, FAST, ManagerConfig(top_k=5),
+        stage = ManagerStage(manager_items, make_generator(gen_cfg), embedder, FAST, SAMPLING, ManagerConfig(top_k=5),
                              AnswerConfig(top_k_per_speaker=5))
     else:
-        stage = AnswerStage(answer_items, embedder, FAST, AnswerConfig(top_k_per_speaker=5))
+        stage = AnswerStage(answer_items, embedder, FAST, SAMPLING, AnswerConfig(top_k_per_speaker=5))
     metrics = []
     return Loop(stage, policy, learner, LoopConfig(steps=steps, max_staleness=k), metrics.append), metrics, policy
 
@@ -79,7 +79,7 @@ def test_forks_keep_rollouts_independent(setup):
     texts.append("not json at all")
     frozen = ScriptedGenerator(["Answer: nothing"])
     stage = ManagerStage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4),
-                         ManagerConfig(top_k=5), AnswerConfig(top_k_per_speaker=5))
+                         SAMPLING, ManagerConfig(top_k=5), AnswerConfig(top_k_per_speaker=5))
     captured = []
     original = stage.frozen.generate
 

@@ -1,0 +1,81 @@
+"""Synchronous vs asynchronous training: the same small config at max_staleness 0 and 1.
+
+    python -m memr1.bench.loop [--quick] --json PATH
+
+Rows: max_staleness, step_s (wall seconds per step, after a warm-up step), gen_s, train_s, sync_s
+(moving weights), sync_wait_s (waiting for an in-flight generate call before moving them), idle_frac
+(the share of the learner's time spent waiting for rollouts). The model is a small random
+Llama with SmolLM2's tokenizer on the HF backend, the stage is the Answer Agent stage on synthetic data;
+both runs share every setting but the staleness bound.
+"""
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from memr1.bench.common import print_table, write_json
+from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator
+from memr1.engine.learner import Learner, LearnerConfig
+from memr1.engine.loop import Loop, LoopConfig
+from memr1.engine.stages import AnswerStage, StageConfig
+from memr1.memory_store import HashEmbedder
+from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.data import load_conversations
+from memr1.rl.items import ItemsConfig, build_items
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def small_model(folder: Path, layers: int, hidden: int) -> Path:
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(default_model_path() / name, folder / name)
+    return folder
+
+
+def run(k: int, model: Path, items, steps: int, args) -> dict:
+    gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
+    learner = Learner(LearnerConfig(model_path=str(model), lr=1e-5))
+    stage = AnswerStage(items, HashEmbedder(64), StageConfig(prompts_per_step=args.prompts, group_size=4),
+                        SamplingConfig(max_new_tokens=args.new_tokens, seed=0), AnswerConfig(top_k_per_speaker=10))
+    metrics = []
+    t = time.perf_counter()
+    Loop(stage, gen, learner, LoopConfig(steps=steps, max_staleness=k), metrics.append).run()
+    wall = time.perf_counter() - t
+    steady = metrics[1:]  # the first step pays warm-up in both modes
+    mean = lambda key: statistics.fmean(m[key] for m in steady)
+    step_s = statistics.fmean(m["step_s"] for m in steady)
+    return {"max_staleness": k, "step_s": step_s, "gen_s": mean("gen_s"), "train_s": mean("train_s"),
+            "sync_s": mean("sync_s"), "sync_wait_s": mean("sync_wait_s"), "idle_frac": mean("idle_s") / step_s, "steps": steps, "wall_s": wall}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+    steps = 4 if args.quick else 8
+    args.prompts, args.new_tokens = (4, 24) if args.quick else (8, 32)
+    items = build_items(load_conversations(None, n=10, seed=0, split="train"), HashEmbedder(64), ItemsConfig())[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = small_model(Path(tmp), layers=4, hidden=256)
+        rows = [run(k, model, items, steps, args) for k in (0, 1)]
+    print_table(rows, ["max_staleness", "step_s", "gen_s", "train_s", "sync_s", "sync_wait_s", "idle_frac", "steps"])
+    print(f"  max_staleness 1 / 0 wall seconds per step = {rows[1]['step_s'] / rows[0]['step_s']:.2f}")
+    write_json(args.json, "loop", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
