@@ -1,0 +1,149 @@
+"""gae: the Triton kernel against the torch reference, and the reference against a scalar Python loop."""
+import math
+import secrets
+
+import pytest
+import torch
+
+from memr1.kernels import gae, gae_ref
+from memr1.kernels._dispatch import interpreting
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+IMPLS = ["torch", "triton"]
+
+
+def need(device, impl="torch"):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if impl == "triton" and device == "cpu" and not interpreting():
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    if impl == "triton" and device == "cuda" and interpreting():
+        pytest.skip("CUDA Triton cases want compiled kernels: TRITON_INTERPRET=0 (bench/gpu_check.sh)")
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Fill every fresh torch.empty buffer with NaN, so an element a kernel forgets to write shows."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    def empty_like(*a, **k):
+        t = real_like(*a, **k)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def batch(n, T, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(n, T, generator=g, dtype=torch.float64)
+    values = torch.randn(n, T + 1, generator=g, dtype=torch.float64)
+    lengths = torch.randint(0, T + 1, (n,), generator=g)
+    lengths[:3] = torch.tensor([0, T, 1])  # empty, full and one-token responses
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    mask &= torch.rand(n, T, generator=g) > 0.15  # holes in the middle (multi-turn tool output)
+    return rewards.to(device, dtype), values.to(device, dtype), mask.to(device)
+
+
+def python_gae(rewards, values, mask, gamma, lam, bootstrap):
+    """Scalar loops over plain floats: the definition in the module docstring, read literally."""
+    n, T = len(rewards), len(rewards[0])
+    adv = [[0.0] * T for _ in range(n)]
+    ret = [[0.0] * T for _ in range(n)]
+    for i in range(n):
+        next_v, running = bootstrap[i], 0.0
+        for t in reversed(range(T)):
+            if not mask[i][t]:
+                continue
+            delta = rewards[i][t] + gamma * next_v - values[i][t]
+            running = delta + gamma * lam * running
+            next_v = values[i][t]
+            adv[i][t], ret[i][t] = running, running + values[i][t]
+    return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
+
+
+def test_reference_matches_python_loop():
+    r, v, m = batch(9, 13, torch.float64, "cpu", seed=secrets.randbelow(2**31))
+    for values, boot in ((v, v[:, -1]), (v[:, :-1], torch.zeros(9))):
+        a, ret = gae_ref(r, values, m, 0.97, 0.9)
+        a_py, ret_py = python_gae(r.tolist(), values.tolist(), m.tolist(), 0.97, 0.9, boot.tolist())
+        torch.testing.assert_close(a, a_py, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(ret, ret_py, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed(impl):
+    need("cpu", impl)
+    # gamma = lam = 1: the advantage is the sum of the remaining rewards plus the bootstrap minus V_t.
+    r = torch.tensor([[1.0, 0.0, 2.0, 9.0]], dtype=torch.float64)
+    v = torch.tensor([[0.5, 0.25, 1.0, 7.0, 3.0]], dtype=torch.float64)
+    m = torch.tensor([[True, True, True, False]])  # last step is padding: skipped, bootstrap passes
+    a, ret = gae(r, v, m, 1.0, 1.0, impl=impl)
+    want = torch.tensor([[1 + 0 + 2 + 3 - 0.5, 0 + 2 + 3 - 0.25, 2 + 3 - 1.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(a, want)
+    torch.testing.assert_close(ret, torch.tensor([[6.0, 5.0, 5.0, 0.0]], dtype=torch.float64))
+    # lam = 0: one-step TD error
+    a, _ = gae(r, v, m, 0.5, 0.0, impl=impl)
+    torch.testing.assert_close(a, torch.tensor([[1 + 0.125 - 0.5, 0.5 - 0.25, 2 + 1.5 - 1, 0]],
+                                               dtype=torch.float64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_triton_matches_reference(poisoned, device, dtype):
+    need(device, "triton")
+    n, T = 70, 33  # 70 sequences: two programs of 64, the second partly empty
+    seed = secrets.randbelow(2**31)
+    r, v, m = batch(n, T, dtype, device, seed)
+    boot = torch.randn(n, dtype=dtype, device=device)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    cases = [dict(values=v), dict(values=v[:, :T], bootstrap=boot),
+             dict(values=v[:, :T], whiten=True)]
+    for kw in cases:
+        a_ref, ret_ref = gae(r, mask=m, gamma=0.99, lam=0.95, impl="torch", **kw)
+        a, ret = gae(r, mask=m, gamma=0.99, lam=0.95, impl="triton", **kw)
+        assert a.dtype == dtype and not torch.isnan(a).any() and not torch.isnan(ret).any()
+        scale = max(1.0, a_ref.abs().max().item(), ret_ref.abs().max().item())
+        assert (a - a_ref).abs().max().item() <= tol * scale, f"seed {seed}, {kw.keys()}"
+        assert (ret - ret_ref).abs().max().item() <= tol * scale, f"seed {seed}, {kw.keys()}"
+        assert (a[~m] == 0).all() and (ret[~m] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_strided_inputs(impl):
+    need("cpu", impl)
+    r, v, m = batch(20, 16, torch.float32, "cpu", seed=3)
+    rt, vt, mt = r.T.contiguous().T, v.T.contiguous().T, m.T.contiguous().T  # column-major views
+    a, ret = gae(rt, vt, mt, 0.9, 0.8, impl=impl)
+    a_ref, ret_ref = gae_ref(r, v, m, 0.9, 0.8)
+    torch.testing.assert_close(a, a_ref)
+    torch.testing.assert_close(ret, ret_ref)
+
+
+def test_whiten_statistics():
+    r, v, m = batch(30, 20, torch.float64, "cpu", seed=4)
+    a, _ = gae(r, v, m, 0.99, 0.95, whiten=True)
+    real = a[m]
+    assert abs(real.mean().item()) < 1e-10 and abs(real.std().item() - 1) < 1e-6
+    assert (a[~m] == 0).all()
+
+
+def test_bad_arguments_are_named():
+    r, v, m = torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool)
+    cases = [
+        ((r[0], v, m, 0.9, 0.9), {}, "rewards"),
+        ((r, torch.zeros(2, 5), m, 0.9, 0.9), {}, "values"),
+        ((r, v, m[:, :2], 0.9, 0.9), {}, "mask"),
+        ((r, v, m, 1.5, 0.9), {}, "gamma"),
+        ((r, v, m, 0.9, -0.1), {}, "lam"),
+        ((r, v, m, 0.9, 0.9), {"bootstrap": torch.zeros(2)}, "bootstrap"),
+        ((r, v[:, :3], m, 0.9, 0.9), {"bootstrap": torch.zeros(3)}, "bootstrap"),
+    ]
+    for args, kw, word in cases:
+        for impl in IMPLS if interpreting() else ["torch"]:
+            with pytest.raises(ValueError, match=word):
+                gae(*args, impl=impl, **kw)

@@ -1,0 +1,215 @@
+"""grpo_advantage: the Triton kernels against the torch reference, and the reference against hand math."""
+import math
+import secrets
+
+import pytest
+import torch
+
+from memr1.kernels import grpo_advantage, grpo_advantage_ref
+from memr1.kernels._dispatch import interpreting
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+IMPLS = ["torch", "triton"]
+
+
+def need(device, impl="torch"):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if impl == "triton" and device == "cpu" and not interpreting():
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    if impl == "triton" and device == "cuda" and interpreting():
+        pytest.skip("CUDA Triton cases want compiled kernels: TRITON_INTERPRET=0 (bench/gpu_check.sh)")
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Fill every fresh torch.empty buffer with NaN, so an element a kernel forgets to write shows."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    def empty_like(*a, **k):
+        t = real_like(*a, **k)
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def ragged(device, dtype, seed, offset=0.0):
+    """Groups of 1..64 members with shuffled ids and some unused ids; N is no multiple of a tile."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 65, (40,), generator=g)
+    sizes[:3] = torch.tensor([1, 1, 64])
+    if int(sizes.sum()) % 32 == 0:  # keep N off every tile size (32 rows, 1024 sequences)
+        sizes[0] = 2
+    num_groups = len(sizes) + 7  # ids that no sequence uses: empty groups
+    ids = torch.randperm(num_groups, generator=g)[: len(sizes)]
+    group_ids = ids.repeat_interleave(sizes)
+    group_ids = group_ids[torch.randperm(len(group_ids), generator=g)]
+    n = len(group_ids)
+    rewards = offset + torch.rand(n, generator=g, dtype=torch.float64)
+    rewards[group_ids == ids[3]] = 0.5  # one all-equal group
+    lengths = torch.randint(0, 50, (n,), generator=g)
+    lengths[:5] = 0  # zero-length responses
+    T = 77
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return rewards.to(device, dtype), group_ids.to(device), num_groups, mask.to(device), lengths
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1)).item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("std,baseline", [("unbiased", "mean"), ("population", "mean"),
+                                          ("none", "mean"), ("unbiased", "loo"), ("none", "loo")])
+def test_triton_matches_reference_fp32(poisoned, device, std, baseline):
+    need(device, "triton")
+    seed = secrets.randbelow(2**31)
+    r, gid, G, mask, _ = ragged(device, torch.float32, seed)
+    kw = dict(response_mask=mask, std=std, baseline=baseline)
+    a_ref, t_ref = grpo_advantage(r, gid, G, impl="torch", **kw)
+    a, t = grpo_advantage(r, gid, G, impl="triton", **kw)
+    assert not torch.isnan(a).any() and not torch.isnan(t).any(), f"seed {seed}"
+    assert rel_err(a, a_ref) <= 1e-5 and rel_err(t, t_ref) <= 1e-5, f"seed {seed}"
+    assert (t[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_matches_reference_fp64_and_packed(poisoned, device):
+    need(device, "triton")
+    seed = secrets.randbelow(2**31)
+    r, gid, G, _, lengths = ragged(device, torch.float64, seed)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]) + 3  # starts at 3
+    total = int(offsets[-1]) + 5  # a tail past the last sequence
+    a_ref, t_ref = grpo_advantage(r, gid, G, token_offsets=offsets, total_tokens=total, impl="torch")
+    a, t = grpo_advantage(r, gid, G, token_offsets=offsets.to(device), total_tokens=total,
+                          impl="triton")
+    assert a.dtype == torch.float64 and t.shape == (total,)
+    assert rel_err(a, a_ref) <= 1e-12 and rel_err(t, t_ref) <= 1e-12, f"seed {seed}"
+    assert (t[:3] == 0).all() and (t[-5:] == 0).all()
+    i = int(torch.argmax(lengths))
+    assert torch.equal(t[offsets[i]:offsets[i + 1]].cpu(), a[i].cpu().expand(int(lengths[i])))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed(device, impl):
+    need(device, impl)
+    # group 2 = [1, 2, 3, 4]; group 0 = singleton 7; group 1 = all-equal [5, 5, 5]
+    r = torch.tensor([1.0, 7.0, 2.0, 5.0, 3.0, 5.0, 4.0, 5.0], dtype=torch.float64, device=device)
+    g = torch.tensor([2, 0, 2, 1, 2, 1, 2, 1], device=device)
+    centred = torch.tensor([-1.5, -0.5, 0.5, 1.5], dtype=torch.float64)
+    expect = {"unbiased": centred / (math.sqrt(5 / 3) + 1e-6),
+              "population": centred / (math.sqrt(5 / 4) + 1e-6),
+              "none": centred}
+    for std, want in expect.items():
+        a, tok = grpo_advantage(r, g, 3, std=std, impl=impl)
+        assert tok is None
+        torch.testing.assert_close(a[[0, 2, 4, 6]].cpu(), want, rtol=1e-12, atol=1e-12)
+        assert a[1] == 0 and (a[[3, 5, 7]] == 0).all()  # singleton and all-equal: exactly 0
+    # RLOO: baselines of [1, 2, 3, 4] are the means of the other three: 3, 8/3, 7/3, 2
+    a, _ = grpo_advantage(r, g, 3, std="none", baseline="loo", impl=impl)
+    want = torch.tensor([1 - 3, 2 - 8 / 3, 3 - 7 / 3, 4 - 2], dtype=torch.float64)
+    torch.testing.assert_close(a[[0, 2, 4, 6]].cpu(), want, rtol=1e-12, atol=1e-12)
+    assert a[1] == 0 and (a[[3, 5, 7]] == 0).all()
+    # eps=0 must still give 0 (not NaN) on an all-equal group
+    a, _ = grpo_advantage(r, g, 3, eps=0.0, impl=impl)
+    assert a[1] == 0 and (a[[3, 5, 7]] == 0).all() and torch.isfinite(a).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_large_offset_keeps_accuracy(impl):
+    need("cpu", impl)
+    r64, gid, G, _, _ = ragged("cpu", torch.float64, seed=secrets.randbelow(2**31), offset=1e4)
+    truth, _ = grpo_advantage_ref(r64, gid, G)
+    a, _ = grpo_advantage(r64.float(), gid, G, impl=impl)
+    # fp32 holds 1e4 + U(0,1) to ~1e-3 absolute; the shifted two-pass statistics add nothing on top
+    # of that input rounding, whose effect on an advantage is about 1e-3 / std ~ 3e-3 at most.
+    inherent, _ = grpo_advantage_ref(r64.float().double(), gid, G)
+    assert (a.double() - inherent).abs().max() < 1e-5
+    assert (a.double() - truth).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_validate_names_the_bad_index(impl):
+    need("cpu", impl)
+    r = torch.rand(12)
+    g = torch.arange(12) % 3
+    r[5] = math.nan
+    with pytest.raises(ValueError, match=r"rewards\[5\]"):
+        grpo_advantage(r, g, 3, validate=True, impl=impl)
+    r[5], r[9] = 0.0, math.inf
+    with pytest.raises(ValueError, match=r"rewards\[9\]"):
+        grpo_advantage(r, g, 3, validate=True, impl=impl)
+    r[9] = 0.0
+    g[7] = 3
+    with pytest.raises(ValueError, match=r"group_ids\[7\]"):
+        grpo_advantage(r, g, 3, validate=True, impl=impl)
+    a, _ = grpo_advantage(r, g, 3, impl=impl)  # unvalidated: the stray row is NaN, the rest finite
+    assert torch.isnan(a[7]) and torch.isfinite(a[torch.arange(12) != 7]).all()
+    with pytest.raises(ValueError, match="token_offsets"):
+        grpo_advantage(r, g % 3, 3, token_offsets=torch.tensor([0, 2, 1] + [3] * 10), validate=True,
+                       impl=impl)
+
+
+def test_bad_arguments_are_named():
+    r, g = torch.rand(4), torch.tensor([0, 0, 1, 1])
+    cases = [
+        (dict(rewards=r[None]), "rewards"),
+        (dict(group_ids=g.float()), "group_ids"),
+        (dict(group_ids=g[:3]), "group_ids"),
+        (dict(num_groups=-1), "num_groups"),
+        (dict(num_groups=2.0), "num_groups"),
+        (dict(std="sample"), "std"),
+        (dict(baseline="median"), "baseline"),
+        (dict(eps=-1.0), "eps"),
+        (dict(response_mask=torch.ones(3, 5)), "response_mask"),
+        (dict(token_offsets=torch.arange(4)), "token_offsets"),
+        (dict(impl="cuda"), "impl"),
+    ]
+    for change, word in cases:
+        args = dict(rewards=r, group_ids=g, num_groups=2) | change
+        with pytest.raises(ValueError, match=word):
+            grpo_advantage(args.pop("rewards"), args.pop("group_ids"), args.pop("num_groups"), **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_host_sync_on_cuda(impl):
+    need("cuda", impl)
+    r, gid, G, mask, lengths = ragged("cuda", torch.float32, seed=1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).cuda()
+    grpo_advantage(r, gid, G, response_mask=mask, impl=impl)  # compile outside the check
+    grpo_advantage(r, gid, G, token_offsets=offsets, total_tokens=int(lengths.sum()), impl=impl)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grpo_advantage(r, gid, G, response_mask=mask, impl=impl)
+        grpo_advantage(r, gid, G, token_offsets=offsets, total_tokens=int(lengths.sum()), impl=impl)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_imports_and_runs_without_triton():
+    """A CPU-only install: no triton at all. The package imports; auto runs the references."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from memr1.kernels import gae, grpo_advantage, logprobs\n"
+        "a, _ = grpo_advantage(torch.tensor([1., 2.]), torch.tensor([0, 0]), 1)\n"
+        "assert a.tolist() == [a[0].item(), -a[0].item()] and a[0] < 0\n"
+        "try:\n"
+        "    grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='triton')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'not installed' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('impl=triton without triton did not raise')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
