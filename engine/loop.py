@@ -134,9 +134,10 @@ class Loop:
                 version += 1
                 due = version % self.cfg.sync_every == 0 or step == end
                 sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
-                last = {"step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
+                last = {**item.metrics, **train,  # the loop's own keys win over the learner's counters
+                        "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
                         "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
-                        "step_s": time.perf_counter() - t0, **item.metrics, **train}
+                        "step_s": time.perf_counter() - t0}
                 self.on_step(last)
                 if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
                     self.save_checkpoint(step)

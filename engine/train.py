@@ -34,6 +34,7 @@ class RunLog:
         self.bar = tqdm(total=total, initial=start, desc=f"train {stage}", unit="step", dynamic_ncols=True)
 
     def __call__(self, m: dict) -> None:
+        m = {k: (v.item() if hasattr(v, "item") else v) for k, v in m.items()}  # 0-d tensors -> numbers
         if "response_tokens" in m and m.get("step_s"):
             m["tokens_per_s"] = m["response_tokens"] / m["step_s"]
         self.file.write(json.dumps(m) + "\n")
