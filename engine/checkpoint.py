@@ -1,0 +1,136 @@
+"""Checkpoints: `checkpoints/step_<N>/` that transformers and vLLM load directly, plus training state.
+
+Layout of one checkpoint:
+  config.json, model.safetensors    the policy, gathered to full tensors (HF names, tied weights once)
+  optimizer.pt, scheduler.pt        full (unsharded) optimizer state keyed by parameter name, so a run
+                                    can resume on another world size; critic*.pt likewise for PPO
+  rng_rank<R>.pt                    torch / python / numpy (/ cuda) generator states of each rank
+  state.json                        step, weight version, the caller's opaque data cursor
+
+It is written into `step_<N>.tmp` and renamed at the end: a kill mid-save leaves earlier checkpoints
+intact and never a half-written `step_<N>`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL_LOAD = StateDictOptions(full_state_dict=True)
+# The fields that make two checkpoints the same network; anything else (dtype, attention) may differ.
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _hf_state_dict(model) -> dict:
+    """Full policy weights with HF names (the learner wraps the LM as `lm.`); tied lm_head dropped."""
+    sd = get_model_state_dict(model, options=FULL)
+    sd = {k.removeprefix("lm."): v.contiguous() for k, v in sd.items()}
+    if getattr(model.lm.config, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def save(learner, run_dir: str, data_state: dict) -> str:
+    d = learner.d
+    final = os.path.join(run_dir, "checkpoints", f"step_{learner.step}")
+    tmp = final + ".tmp"
+    if d.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    d.barrier()
+    # Gathers are collectives: every rank calls them; rank 0 alone writes.
+    model_sd = _hf_state_dict(learner.policy)
+    optim_sd = get_optimizer_state_dict(learner.policy, learner.optim, options=FULL)
+    critic = None
+    if learner.critic is not None:
+        critic = (get_model_state_dict(learner.critic, options=FULL),
+                  get_optimizer_state_dict(learner.critic, learner.critic_optim, options=FULL))
+    torch.save(_rng_state(), os.path.join(tmp, f"rng_rank{d.rank}.pt"))
+    if d.rank == 0:
+        learner.hf_config.save_pretrained(tmp)
+        save_file(model_sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
+        torch.save(learner.sched.state_dict(), os.path.join(tmp, "scheduler.pt"))
+        if critic is not None:
+            torch.save({"model": critic[0], "optim": critic[1], "sched": learner.critic_sched.state_dict()},
+                       os.path.join(tmp, "critic.pt"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"step": learner.step, "weight_version": learner.version, "world_size": d.world,
+                       "data": data_state}, f)
+    d.barrier()
+    if d.rank == 0:
+        if os.path.exists(final):  # re-saving the same step: swap, then drop the old copy
+            shutil.rmtree(final + ".old", ignore_errors=True)
+            os.rename(final, final + ".old")
+        os.rename(tmp, final)
+        shutil.rmtree(final + ".old", ignore_errors=True)
+    d.barrier()
+    return final
+
+
+def check_compatible(path: str, hf_config):
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise ValueError(f"{path} is not a checkpoint: it has no config.json")
+    with open(cfg_path) as f:
+        saved = json.load(f)
+    ours = hf_config.to_dict()
+    diff = [f"{k}: checkpoint {saved.get(k)!r} vs model {ours.get(k)!r}" for k in SHAPE_KEYS
+            if saved.get(k) != ours.get(k)]
+    if diff:
+        raise ValueError(f"checkpoint {path} is from a different model: " + "; ".join(diff))
+
+
+def load(learner, path: str) -> dict:
+    """Restore everything `save` wrote into an already built learner; returns the data cursor."""
+    check_compatible(path, learner.hf_config)
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    ours = dict(learner.policy.lm.named_parameters())
+    if getattr(learner.hf_config, "tie_word_embeddings", False):
+        sd.setdefault("lm_head.weight", sd.get("model.embed_tokens.weight"))
+    missing = [k for k in learner.policy.lm.state_dict() if k not in sd and k in ours]
+    wrong = [k for k, v in sd.items() if k in ours and tuple(v.shape) != tuple(ours[k].shape)]
+    if missing or wrong:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                         f"wrong shape {wrong[:5]}")
+    set_model_state_dict(learner.policy, {"lm." + k: v for k, v in sd.items()}, options=FULL_LOAD)
+    osd = torch.load(os.path.join(path, "optimizer.pt"), weights_only=False)
+    set_optimizer_state_dict(learner.policy, learner.optim, osd, options=FULL_LOAD)
+    learner.sched.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=False))
+    if learner.critic is not None:
+        c = torch.load(os.path.join(path, "critic.pt"), weights_only=False)
+        set_model_state_dict(learner.critic, c["model"], options=FULL_LOAD)
+        set_optimizer_state_dict(learner.critic, learner.critic_optim, c["optim"], options=FULL_LOAD)
+        learner.critic_sched.load_state_dict(c["sched"])
+    with open(os.path.join(path, "state.json")) as f:
+        state = json.load(f)
+    rng = os.path.join(path, f"rng_rank{learner.d.rank}.pt")
+    if os.path.exists(rng):  # absent when resuming on more ranks than saved: fresh streams there
+        _set_rng_state(torch.load(rng, weights_only=False))
+    learner.step, learner.version = state["step"], state["weight_version"]
+    return state["data"]
