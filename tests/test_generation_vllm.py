@@ -1,0 +1,157 @@
+"""The vLLM backend on the real default model, one in-process engine for the whole module:
+answers, logprob fidelity, in-place weight updates (all or nothing), bad input, sleep/wake."""
+import msgspec
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator  # noqa: E402
+
+QUESTION = [[{"role": "user", "content": "What is the capital of France?"}]]
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)  # the answer is 9 tokens with EOS
+MAX_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return make_generator(GeneratorConfig(backend="vllm", max_model_len=MAX_LEN))
+
+
+@pytest.fixture(scope="module")
+def weights():
+    from safetensors.torch import load_file
+
+    return load_file(str(default_model_path() / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def ref():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
+
+
+def mean_abs_diff(model, completions, temperature) -> float:
+    diffs = []
+    for c in completions:
+        seq = torch.tensor([c.prompt_token_ids + c.token_ids])
+        with torch.no_grad():
+            logits = model(seq).logits[0, len(c.prompt_token_ids) - 1:-1].float()
+        want = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        diffs.append((want - torch.tensor(c.logprobs)).abs())
+    return torch.cat(diffs).mean().item()
+
+
+def answer(gen) -> str:
+    return gen.generate(QUESTION, 1, GREEDY)[0][0].text.strip()
+
+
+def test_is_the_vllm_backend_in_fp32(gen):
+    assert type(gen).__name__ == "VLLMGenerator"
+    assert gen.model_dtype == torch.float32  # vLLM's own 'auto' would have downcast to 16 bits
+
+
+def test_answers_and_stops(gen):
+    c = gen.generate(QUESTION, 1, GREEDY)[0][0]
+    assert c.text.strip() == "The capital of France is Paris." and c.finish_reason == "stop"
+    assert len(c.token_ids) == len(c.logprobs) and c.weight_version == 0
+    s = gen.generate(QUESTION, 1, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[" Paris"]))[0][0]
+    assert s.text == "The capital of France is" and s.finish_reason == "stop"
+
+
+def test_samples_and_logprobs_of_the_sampled_distribution(gen, ref):
+    prompts = [[1, 504, 3458, 282, 4649, 314], QUESTION[0]]
+    out = gen.generate(prompts, 3, SamplingConfig(temperature=0.7, max_new_tokens=8, ignore_eos=True, seed=4))
+    assert [len(row) for row in out] == [3, 3]
+    flat = [c for row in out for c in row]
+    assert all(len(c.token_ids) == len(c.logprobs) == 8 and c.finish_reason == "length" for c in flat)
+    assert out[0][0].prompt_token_ids == prompts[0] and out[1][0].prompt_index == 1
+    assert len({tuple(c.token_ids) for c in out[1]}) > 1  # the n samples differ
+    assert mean_abs_diff(ref, flat, 0.7) <= 1e-3
+
+
+def test_update_weights_in_place_then_restore(gen, weights, ref):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    noisy = {k: v + 0.02 * torch.randn_like(v) for k, v in weights.items()}
+    new = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
+    new.load_state_dict(noisy, strict=False)
+    gen.update_weights(noisy.items(), version=3)
+    try:
+        assert gen.weight_version == 3
+        out = gen.generate(QUESTION, 2, SamplingConfig(temperature=1.0, max_new_tokens=6, ignore_eos=True))
+        assert all(c.weight_version == 3 for c in out[0])
+        assert mean_abs_diff(new, out[0], 1.0) <= 1e-3
+        assert mean_abs_diff(ref, out[0], 1.0) > 1e-2  # the engine really runs the new weights
+    finally:  # restore, also passing the tied lm_head alias that an HF state_dict carries
+        gen.update_weights(list(weights.items()) + [("lm_head.weight", weights["model.embed_tokens.weight"])], 4)
+    assert gen.weight_version == 4 and answer(gen) == "The capital of France is Paris."
+
+
+def test_bad_weight_sets_load_nothing(gen, weights):
+    version = gen.weight_version
+    noisy = [(k, v + 1.0) for k, v in weights.items()]  # would wreck the answer if any of it loaded
+    cases = {
+        "shape": noisy[:-1] + [(noisy[-1][0], torch.zeros(7))],
+        "no such weight": noisy + [("model.layers.30.mlp.up_proj.weight", torch.zeros(1))],
+        "missing": noisy[1:],
+    }
+    for word, tensors in cases.items():
+        with pytest.raises(ValueError, match=word):
+            gen.update_weights(tensors, version=99)
+        assert gen.weight_version == version
+    assert answer(gen) == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize("prompts, n, match", [
+    ([], 1, "non-empty"),
+    ([[]], 1, "empty"),
+    ([[1, 2]], 0, "n "),
+    ([[1, 49152]], 1, "outside"),
+    ([list(range(1, MAX_LEN))], 1, "max_model_len"),
+])
+def test_bad_input_raises_before_vllm(gen, prompts, n, match):
+    with pytest.raises(ValueError, match=match):
+        gen.generate(prompts, n, SamplingConfig(max_new_tokens=8))
+
+
+def test_truncation_keeps_the_prompt_tail(gen):
+    gen.cfg = msgspec.structs.replace(gen.cfg, truncate_prompts=True)
+    try:
+        long = [1] + [504] * (MAX_LEN + 100)
+        c = gen.generate([long], 1, SamplingConfig(max_new_tokens=4, ignore_eos=True))[0][0]
+        assert c.prompt_token_ids == long[-(MAX_LEN - 4):] and len(c.token_ids) == 4
+    finally:
+        gen.cfg = msgspec.structs.replace(gen.cfg, truncate_prompts=False)
+
+
+def test_sleep_and_wake_are_no_ops_on_cpu(gen):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    gen.sleep()
+    assert not gen.asleep
+    gen.wake()
+    assert answer(gen) == "The capital of France is Paris."
+
+
+@pytest.mark.gpu
+def test_sleep_levels_on_gpu(gen, weights):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: vLLM sleep mode exists only on GPU")
+    gen.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        gen.generate(QUESTION, 1, GREEDY)
+    gen.wake()
+    assert answer(gen) == "The capital of France is Paris."  # level 1 kept the weights
+    gen.cfg = msgspec.structs.replace(gen.cfg, sleep_level=2)
+    try:
+        gen.sleep()
+        gen.wake()
+        with pytest.raises(RuntimeError, match="update_weights"):
+            gen.generate(QUESTION, 1, GREEDY)  # level 2 dropped the weights
+        gen.update_weights(weights.items(), version=gen.weight_version + 1)
+        assert answer(gen) == "The capital of France is Paris."
+    finally:
+        gen.cfg = msgspec.structs.replace(gen.cfg, sleep_level=1)
