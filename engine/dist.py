@@ -48,7 +48,9 @@ def setup(device: str) -> Dist:
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized() and env_world > 1:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    if not dist.is_initialized():
+    # A world of one needs no sharding; this also keeps a group that an in-process vLLM engine
+    # created for itself (world 1) from turning our parameters into DTensors.
+    if not dist.is_initialized() or dist.get_world_size() == 1:
         return Dist(0, 1, dev, None)
     rank, world = dist.get_rank(), dist.get_world_size()
     if dev.type == "cuda":

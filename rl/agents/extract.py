@@ -58,7 +58,10 @@ def _clean(items, cfg: ExtractConfig) -> list[str]:
     out = []
     for item in items:
         if isinstance(item, dict):   # {"fact": "..."} or {"text": "..."} objects are common
-            item = item.get("fact", item.get("text"))
+            text = item.get("fact", item.get("text"))
+            # Small models also write attribute objects ({"name": .., "location": ..}): keep their values.
+            item = text if text is not None else "; ".join(
+                f"{k}: {v}" for k, v in item.items() if isinstance(v, (str, int, float)) and str(v).strip())
         if isinstance(item, str) and item.strip() and item.strip() not in out:
             out.append(item.strip()[: cfg.max_fact_chars])
     return out[: cfg.max_facts]

@@ -1,0 +1,203 @@
+"""The run config: one msgspec Struct composed of the component configs, read from TOML with dotted
+`key=value` overrides, and written back as TOML into the run dir.
+
+Each component keeps its config next to its code (GeneratorConfig in engine/generation, ManagerConfig
+in rl/agents, EvalConfig in rl/eval, ...); this file only composes them. Unknown keys are errors at
+every depth, with the dotted key and the file named, so a typo never silently falls back to a default.
+"""
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from memr1.engine.generation import GeneratorConfig, SamplingConfig
+from memr1.engine.learner import LearnerConfig
+from memr1.engine.loop import LoopConfig
+from memr1.engine.stages import StageConfig
+from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.agents.extract import ExtractConfig
+from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.eval import EvalConfig
+from memr1.rl.items import ItemsConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the file, key and value."""
+
+
+class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = built-in synthetic set
+    n: int = 20               # synthetic conversations (10 per val/test conversation, see rl.data.synthetic)
+    seed: int = 0
+
+
+class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    fsync: str = "close"      # memory_store BankConfig.fsync for banks written to disk
+    hash_dim: int = 256       # vector size when embedder = "hash"
+
+
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str = "default"
+    seed: int = 0
+    run_dir: str = ""         # "" = runs/<name>
+    embedder: str = "minilm"  # "minilm" (all-MiniLM-L6-v2, 384-d) | "hash" (tests)
+    generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)  # rollout sampling
+    extract: ExtractConfig = msgspec.field(default_factory=ExtractConfig)
+    manager: ManagerConfig = msgspec.field(default_factory=ManagerConfig)
+    answer: AnswerConfig = msgspec.field(default_factory=AnswerConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    bank: BankSettings = msgspec.field(default_factory=BankSettings)
+    # training (memr1 train): stages in order; the answer stage can start from a given frozen manager
+    stages: list[str] = msgspec.field(default_factory=lambda: ["manager", "answer"])
+    manager_checkpoint: str = ""
+    items: ItemsConfig = msgspec.field(default_factory=ItemsConfig)
+    stage: StageConfig = msgspec.field(default_factory=StageConfig)
+    learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}")
+
+
+EMBEDDERS = ("minilm", "hash")
+
+
+# ---- loading ----
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """TOML file (None = all defaults) plus `a.b.c=value` overrides -> a checked RunConfig."""
+    where = str(path) if path is not None else "<defaults>"
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    check_keys(raw, RunConfig, where)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value, item)
+    check_keys(raw, RunConfig, f"{where} + overrides")
+    try:
+        cfg = msgspec.convert(raw, RunConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{where}: {e} (paths are written $.section.key)") from None
+    check(cfg, where)
+    return cfg
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. eval.baseline=rag)")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+        raise ConfigError(f"override {item!r}: {key!r} is not a dotted key like section.name")
+    try:   # a TOML literal (3, 0.5, true, "x", [1, 2]); anything else is taken as a plain string
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key, value
+
+
+def set_dotted(raw: dict, key: str, value, item: str) -> None:
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+    node[parts[-1]] = value
+
+
+def check_keys(raw: dict, struct_type, where: str, prefix: str = "") -> None:
+    """Every key must be a field of the Struct it lands in (recursively)."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(struct_type)}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {dotted!r}; known here: {', '.join(sorted(fields))}")
+        sub = _struct_type(fields[key].type)
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {dotted!r} is a section; got the value {value!r}")
+            check_keys(value, sub, where, dotted + ".")
+        elif isinstance(value, dict) and not _allows_table(fields[key].type):
+            raise ConfigError(f"{where}: {dotted!r} is a value, not a section; got {value!r}")
+
+
+def _allows_table(tp) -> bool:
+    return tp is dict or getattr(tp, "__origin__", None) is dict
+
+
+def _struct_type(tp):
+    return tp if isinstance(tp, type) and issubclass(tp, msgspec.Struct) else None
+
+
+def check(cfg: RunConfig, where: str) -> None:
+    if cfg.embedder not in EMBEDDERS:
+        raise ConfigError(f"{where}: embedder must be one of {EMBEDDERS}, got {cfg.embedder!r}")
+    if not cfg.name or "/" in cfg.name:
+        raise ConfigError(f"{where}: name must be a non-empty string without '/', got {cfg.name!r}")
+    if cfg.data.n < 1:
+        raise ConfigError(f"{where}: data.n must be >= 1, got {cfg.data.n}")
+    try:
+        cfg.eval.check()
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+# ---- writing ----
+def dump_toml(cfg: msgspec.Struct) -> str:
+    """The resolved config as TOML (None values are left out: TOML has no null, and absent = None)."""
+    lines: list[str] = []
+    _emit_table(msgspec.to_builtins(cfg), [], lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _emit_table(table: dict, path: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if path:
+        lines.append("")
+        lines.append("[" + ".".join(_key(p) for p in path) + "]")
+    lines.extend(f"{_key(k)} = {_value(v)}" for k, v in scalars.items())
+    for k, v in tables.items():
+        _emit_table(v, path + [k], lines)
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _string(k)
+
+
+def _string(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"')
+    out = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04x}", out)
+    return f'"{out}"'
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return _string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
+    raise TypeError(f"dump_toml: cannot write {type(v).__name__} value {v!r}")

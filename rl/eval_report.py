@@ -1,0 +1,142 @@
+"""Eval report pieces: per-category aggregation (Mem0's category names), latency percentiles, scoring
+the manager against the synthetic oracle, and the paper's table.
+
+Oracle scoring (synthetic data only), defined here once:
+- Op accuracy works per manager call (a "group" of turns). O is the multiset of oracle events of the
+  group's fact-bearing turns (ADD / UPDATE / DELETE / NONE); a group with no oracle turn expects
+  {NONE}. P is the multiset of the manager's ADD / UPDATE / DELETE ops, or {NONE} when it changed
+  nothing. A group whose turns gave no facts made no call and counts as P = {NONE}. The score is
+  sum |O & P| / sum |O | P| over groups (multiset intersection / union), so 1.0 means every call
+  did exactly the oracle's changes, and extra or missing ops both cost.
+- Fact recall / precision compare the bank's final memories with the oracle's `final_facts`. A memory
+  matches a fact when their token-set F1 (Mem0's F1 tokens, minus a few function words) is at least
+  `EvalConfig.fact_match_f1`; pairs are matched one-to-one, best F1 first. Recall = matched facts /
+  facts, precision = matched memories / memories.
+"""
+from collections import Counter
+
+import numpy as np
+
+from memr1.rl.data.locomo import CATEGORY_NAMES
+from memr1.rl.rewards import simple_tokens
+
+TABLE_ORDER = ("single-hop", "multi-hop", "open-domain", "temporal")   # the paper's column order
+_FUNCTION_WORDS = {"a", "an", "the", "and", "of", "to", "in", "on", "has", "have", "is", "are", "was",
+                   "his", "her", "their", "s", "'s", "at", "as", "with", "for"}
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50_s": None, "p95_s": None, "n": 0}
+    a = np.asarray(values, dtype=np.float64)
+    return {"p50_s": float(np.percentile(a, 50)), "p95_s": float(np.percentile(a, 95)), "n": len(values)}
+
+
+def aggregate(records: list[dict], judged: bool) -> dict:
+    """records: {"category", "f1", "bleu1", "em", "judge"} per answered question -> per-category and
+    overall means in percent, with counts. J is None when the judge is off; FAILED verdicts are
+    counted in j_failed and left out of J's denominator."""
+    out = {}
+    groups = {name: [r for r in records if CATEGORY_NAMES[r["category"]] == name] for name in TABLE_ORDER}
+    groups["overall"] = records
+    for name, rows in groups.items():
+        n = len(rows)
+        row = {"n": n}
+        for key in ("f1", "bleu1", "em"):
+            row[key] = 100.0 * sum(r[key] for r in rows) / n if n else None
+        if judged:
+            verdicts = [r["judge"] for r in rows if r["judge"] in ("CORRECT", "WRONG")]
+            row["j"] = 100.0 * verdicts.count("CORRECT") / len(verdicts) if verdicts else None
+            row["j_failed"] = sum(r["judge"] == "FAILED" for r in rows)
+        else:
+            row["j"], row["j_failed"] = None, 0
+        out[name] = row
+    return out
+
+
+def format_table(metrics: dict, title: str) -> str:
+    cols = list(TABLE_ORDER) + ["overall"]
+    head = f"{'':>8}" + "".join(f"{c:>22}" for c in cols)
+    sub = f"{'':>8}" + "".join(f"{'F1':>7}{'B1':>6}{'J':>6}{'n':>3}" for _ in cols)
+
+    def num(x):
+        return f"{x:.1f}" if x is not None else "-"
+
+    row = f"{'':>8}" + "".join(f"{num(metrics[c]['f1']):>7}{num(metrics[c]['bleu1']):>6}"
+                               f"{num(metrics[c]['j']):>6}{metrics[c]['n']:>3}" for c in cols)
+    return "\n".join([title, head, sub, row])
+
+
+# ---- oracle ----
+def _tokens(text: str) -> set[str]:
+    return {t for t in simple_tokens(text) if t not in _FUNCTION_WORDS}
+
+
+def _token_f1(a: set, b: set) -> float:
+    common = len(a & b)
+    if not common:
+        return 0.0
+    p, r = common / len(a), common / len(b)
+    return 2 * p * r / (p + r)
+
+
+def match_facts(memories: list[str], facts: list[str], threshold: float) -> int:
+    """One-to-one matches between memories and facts with token F1 >= threshold, best pairs first."""
+    mt, ft = [_tokens(m) for m in memories], [_tokens(f) for f in facts]
+    pairs = sorted(((_token_f1(m, f), i, j) for i, m in enumerate(mt) for j, f in enumerate(ft)), reverse=True)
+    used_m, used_f, n = set(), set(), 0
+    for score, i, j in pairs:
+        if score < threshold:
+            break
+        if i not in used_m and j not in used_f:
+            used_m.add(i)
+            used_f.add(j)
+            n += 1
+    return n
+
+
+def oracle_scores(conv, steps: list[dict], memories: list[str],
+                  threshold: float, turns_limit: set[str] | None = None) -> dict:
+    """Op accuracy and fact recall / precision of one conversation (see the module doc)."""
+    timeline = [e for e in conv.oracle["timeline"] if turns_limit is None or e["dia_id"] in turns_limit]
+    oracle_by_turn = {e["dia_id"]: e["event"] for e in timeline}
+    done = [g for s in steps for g in s.get("groups", [])]
+    called = {d for g in done for d in g["dia_ids"]}
+    inter = union = 0
+    for g in done:
+        o = Counter(oracle_by_turn[d] for d in g["dia_ids"] if d in oracle_by_turn) or Counter(["NONE"])
+        p = Counter(e for e in g["events"] if e != "NONE") or Counter(["NONE"])
+        inter += sum((o & p).values())
+        union += sum((o | p).values())
+    for d, event in oracle_by_turn.items():   # oracle turns that never reached the manager
+        if d not in called:
+            inter += event == "NONE"
+            union += 1
+    final = list(conv.oracle["final_facts"].values()) if turns_limit is None else _facts_after(timeline)
+    matched = match_facts(memories, final, threshold)
+    return {"op_inter": inter, "op_union": union, "facts": len(final), "memories": len(memories),
+            "matched": matched}
+
+
+def _facts_after(timeline: list[dict]) -> list[str]:
+    """Final facts when only a prefix of the turns was used (eval.max_turns)."""
+    state = {}
+    for e in timeline:
+        if e["event"] in ("ADD", "UPDATE"):
+            state[e["slot"]] = e["memory"]
+        elif e["event"] == "DELETE":
+            state.pop(e["slot"], None)
+    return list(state.values())
+
+
+def summarize_oracle(parts: list[dict]) -> dict | None:
+    if not parts:
+        return None
+    inter, union = sum(p["op_inter"] for p in parts), sum(p["op_union"] for p in parts)
+    facts, mems, matched = (sum(p[k] for p in parts) for k in ("facts", "memories", "matched"))
+    return {"op_accuracy": inter / union if union else None,
+            "fact_recall": matched / facts if facts else None,
+            "fact_precision": matched / mems if mems else None,
+            "n_conversations": len(parts), "n_final_facts": facts, "n_memories": mems, "n_matched": matched,
+            "definition": "op accuracy: multiset |O&P|/|O|P| per manager call; facts: one-to-one token-F1 "
+                          "match (function words dropped) at eval.fact_match_f1"}
