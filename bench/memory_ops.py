@@ -50,60 +50,92 @@ def recall_at_10(search, exact_ids: list[set]) -> float:
     return float(np.mean([len(set(search(i)) & truth) / 10 for i, truth in enumerate(exact_ids)]))
 
 
-def bench_size(size: int, n_ops: int, n_slow: int, workdir: Path, hnsw_threshold: int) -> list[dict]:
-    vecs = clustered(size + 2 * n_ops, seed=size)
-    base, extra = vecs[:size], vecs[size:]
-    queries = clustered(200, seed=size + 1)
-    t = time.perf_counter()
-    bank = MemoryBank.from_arrays(workdir / f"bank-{size}", base, [f"memory {i}" for i in range(size)],
-                                  ["user"] * size, ["t"] * size, fsync="never", hnsw_threshold=hnsw_threshold)
-    build_s = time.perf_counter() - t
-    print(f"  built a {size:,}-row bank in {build_s:.1f}s ({bank.stats()['hnsw_speakers'] and 'HNSW' or 'exact'})")
+class Subject:
+    """One bank size: the memr1 bank, the usearch baseline holding the same graph, and their inputs.
+    `ops()` gives each (impl, op) as a call that advances its own cursor through prepared inputs."""
+
+    def __init__(self, size: int, n_ops: int, n_slow: int, workdir: Path, hnsw_threshold: int):
+        self.size = size
+        vecs = clustered(size + 2 * n_ops, seed=size)
+        self.base, self.extra = vecs[:size], vecs[size:]
+        self.queries = clustered(200, seed=size + 1)
+        t = time.perf_counter()
+        self.bank = MemoryBank.from_arrays(workdir / f"bank-{size}", self.base, [f"memory {i}" for i in range(size)],
+                                           ["user"] * size, ["t"] * size, fsync="never", hnsw_threshold=hnsw_threshold)
+        self.build_s = time.perf_counter() - t
+        self.mode = "hnsw" if self.bank.stats()["hnsw_speakers"] else "exact"
+        print(f"  built a {size:,}-row bank in {self.build_s:.1f}s ({self.mode})")
+        index_file = next((workdir / f"bank-{size}").glob("base-*/hnsw-0.usearch"), None)
+        if index_file is not None:  # the baseline: a mutable copy of the very same graph
+            self.index = Index.restore(str(index_file))
+        else:
+            self.index = Index(ndim=DIM, metric="cos")
+            self.index.add(np.arange(size, dtype=np.uint64), self.base)
+        # recall first, on the pristine bank, against exact search over the same live rows
+        exact = [set(self.bank.search(q, 10, exact=True).ids.tolist()) for q in self.queries]
+        self.recall = {"memr1": recall_at_10(lambda i: self.bank.search(self.queries[i], 10).ids.tolist(), exact),
+                       "usearch": recall_at_10(lambda i: self.index.search(self.queries[i], 10).keys.tolist(), exact)}
+        rng = np.random.default_rng(0)
+        self.to_update = rng.integers(0, size, n_ops)
+        self.to_delete = rng.permutation(size + n_ops)[:n_ops]  # base rows and rows just added
+        self.base_delete = rng.permutation(size + n_slow)[:n_slow]
+
+    def ops(self, n_ops: int, n_slow: int) -> list[tuple[str, str, object, int]]:
+        bank, index, q, extra, size = self.bank, self.index, self.queries, self.extra, self.size
+        cur = {}
+
+        def nxt(key):
+            cur[key] = cur.get(key, -1) + 1
+            return cur[key]
+
+        def usearch_update(_):
+            i = nxt("u_upd")
+            key = int(self.to_update[i])
+            index.remove(key)
+            index.add(key, extra[n_ops + i])
+        return [
+            ("memr1", "search", lambda _: bank.search(q[nxt("s") % 200], 10), n_slow),
+            ("memr1", "search_exact", lambda _: bank.search(q[nxt("se") % 200], 10, exact=True), min(n_slow, 50)),
+            # The floor for exact search: one BLAS matvec over the same matrix, no top-k, no Python API.
+            ("numpy_matvec", "search_exact", lambda _: self.base @ q[nxt("mv") % 200], min(n_slow, 50)),
+            ("memr1", "fork", lambda _: bank.fork(), n_ops),
+            ("memr1", "add", lambda _: bank.apply(Add("new", extra[nxt("add")], "user", "t")), n_ops),
+            ("memr1", "update", lambda _: bank.apply(Update(int(self.to_update[(i := nxt("upd"))]), "upd",
+                                                            extra[n_ops + i])), n_ops),
+            ("memr1", "delete", lambda _: bank.apply(Delete(int(self.to_delete[nxt("del")]))), n_ops),
+            ("memr1", "noop", lambda _: bank.apply(Noop()), n_ops),
+            ("usearch", "search", lambda _: index.search(q[nxt("us") % 200], 10), n_slow),
+            ("usearch", "fork", lambda _: index.copy(), max(4, min(n_slow, 20))),
+            ("usearch", "add", lambda _: index.add(size + nxt("u_add"), extra[cur["u_add"]]), n_slow),
+            ("usearch", "update", usearch_update, n_slow),
+            ("usearch", "delete", lambda _: index.remove(int(self.base_delete[nxt("u_del")])), n_slow),
+            ("usearch", "noop", lambda _: None, n_ops),
+        ]
+
+
+def bench_sizes(sizes: list[int], n_ops: int, n_slow: int, workdir: Path, hnsw_threshold: int,
+                rounds: int = 4) -> list[dict]:
+    """Each (impl, op) is timed in rounds that alternate between the sizes, so the 1e5/1e3 ratio
+    compares samples taken under the same background load."""
+    subjects = [Subject(size, n_ops, n_slow, workdir, hnsw_threshold) for size in sizes]
+    plans = [s.ops(n_ops, n_slow) for s in subjects]
     rows = []
-
-    # search first, on the pristine bank; recall against exact search over the same live rows
-    exact = [set(bank.search(q, 10, exact=True).ids.tolist()) for q in queries]
-    rec = recall_at_10(lambda i: bank.search(queries[i], 10).ids.tolist(), exact)
-    rows.append(row("memr1", "search", size, timed(lambda i: bank.search(queries[i % 200], 10), n_slow),
-                    recall_at_10=rec, mode="hnsw" if bank.stats()["hnsw_speakers"] else "exact"))
-    rows.append(row("memr1", "search_exact", size, timed(lambda i: bank.search(queries[i % 200], 10, exact=True),
-                                                          min(n_slow, 50)), recall_at_10=1.0))
-    # The floor for exact search: one BLAS matvec over the same matrix, no top-k, no Python API.
-    rows.append(row("numpy_matvec", "search_exact", size, timed(lambda i: base @ queries[i % 200], min(n_slow, 50))))
-    rows.append(row("memr1", "fork", size, timed(lambda i: bank.fork(), n_ops)))
-    rng = np.random.default_rng(0)
-    to_update = rng.integers(0, size, n_ops)
-    to_delete = rng.permutation(size + n_ops)[:n_ops]  # base rows and rows just added
-    rows.append(row("memr1", "add", size, timed(lambda i: bank.apply(Add("new", extra[i], "user", "t")), n_ops)))
-    rows.append(row("memr1", "update", size, timed(lambda i: bank.apply(Update(int(to_update[i]), "upd", extra[n_ops + i])), n_ops)))
-    rows.append(row("memr1", "delete", size, timed(lambda i: bank.apply(Delete(int(to_delete[i]))), n_ops)))
-    rows.append(row("memr1", "noop", size, timed(lambda i: bank.apply(Noop()), n_ops)))
-    index_file = next((workdir / f"bank-{size}").glob("base-*/hnsw-0.usearch"), None)
-    bank.close()
-
-    # the baseline: one mutable usearch index holding the same graph (or a fresh one for small banks)
-    if index_file is not None:
-        index = Index.restore(str(index_file))
-    else:
-        index = Index(ndim=DIM, metric="cos")
-        index.add(np.arange(size, dtype=np.uint64), base)
-    rec = recall_at_10(lambda i: index.search(queries[i], 10).keys.tolist(), exact)
-    rows.append(row("usearch", "search", size, timed(lambda i: index.search(queries[i % 200], 10), n_slow),
-                    recall_at_10=rec))
-    rows.append(row("usearch", "fork", size, timed(lambda i: index.copy(), max(3, min(n_slow, 20)))))
-    rows.append(row("usearch", "add", size, timed(lambda i: index.add(size + i, extra[i]), n_slow)))
-
-    base_delete = rng.permutation(size + n_slow)[:n_slow]
-
-    def update(i):
-        key = int(to_update[i])
-        index.remove(key)
-        index.add(key, extra[n_ops + i])
-    rows.append(row("usearch", "update", size, timed(update, n_slow)))
-    rows.append(row("usearch", "delete", size, timed(lambda i: index.remove(int(base_delete[i])), n_slow)))
-    rows.append(row("usearch", "noop", size, timed(lambda i: None, n_ops)))
-    for r in rows:
-        r["build_s"] = build_s
+    for k, (impl, op, _, n) in enumerate(plans[0]):
+        samples = {s.size: [] for s in subjects}
+        per_round = max(1, n // rounds)
+        for r in range(rounds):
+            order = subjects if r % 2 == 0 else subjects[::-1]
+            for s in order:
+                samples[s.size] += timed(plans[subjects.index(s)][k][2], per_round)
+        for s in subjects:
+            extra = {"build_s": s.build_s}
+            if op == "search" or (impl == "memr1" and op == "search_exact"):
+                extra["recall_at_10"] = 1.0 if op == "search_exact" else s.recall[impl]
+            if impl == "memr1" and op == "search":
+                extra["mode"] = s.mode
+            rows.append(row(impl, op, s.size, samples[s.size], **extra))
+    for s in subjects:
+        s.bank.close()
     return rows
 
 
@@ -149,8 +181,7 @@ def main(argv=None) -> int:
     n_ops, n_slow = (2000, 200) if args.quick else (5000, 500)
     rows = []
     with tempfile.TemporaryDirectory(prefix="memr1-bench-") as tmp:
-        for size in sizes:
-            rows += bench_size(size, n_ops, n_slow, Path(tmp), args.hnsw_threshold)
+        rows += bench_sizes(sizes, n_ops, n_slow, Path(tmp), args.hnsw_threshold)
     rows += threshold_sweep([2_000, 4_000, 8_000, 16_000, 32_000], n_slow)
     print_table(rows, ["impl", "op", "bank_size", "p50_us", "p99_us", "n", "recall_at_10"])
     for line in ratios(rows):
