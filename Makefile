@@ -31,8 +31,14 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# Every benchmark, full size (tens of minutes on 2 cores). TRL is a bench-only dependency.
 bench: $(STAMP)
 	$(PY) -m memr1.bench.memory_ops --json runs/bench/memory_ops.json
+	$(PY) -m memr1.bench.kernels --threads 1 --json runs/bench/kernels.json
+	$(PY) -m memr1.bench.rollout --json runs/bench/rollout.json
+	$(PIP) install -q --no-deps trl==1.16.0
+	$(PY) -m memr1.bench.train_step --json runs/bench/train_step.json
+	$(PY) -m memr1.bench.loop --json runs/bench/loop.json
 
 clean:
 	rm -rf build *.egg-info memory_store/_core*.so
