@@ -1,33 +1,12 @@
 """The transformers reference backend: contract, logprob fidelity, weight updates, bad input.
 Most tests use a tiny random Llama (the real model adds nothing there); one checks the real one."""
-import shutil
-
 import msgspec
 import pytest
 import torch
 
-from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, default_model_path, make_generator
+from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, make_generator
 from memr1.engine.generation.base import cut_at_stop
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def tiny_llama(folder):
-    """A 2-layer random Llama with SmolLM2's tokenizer, saved as an ordinary HF checkpoint."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    model = LlamaForCausalLM(cfg).float()
-    with torch.no_grad():  # larger weights than the init, so distributions are far from uniform
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(default_model_path() / name, folder / name)
-    return folder
+from tiny_model import tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -142,15 +142,19 @@ def parse_locomo(raw, source: str = "<memory>") -> list[Conversation]:
     return convs
 
 
-def load_locomo(path) -> list[Conversation]:
+def read_json(path) -> object:
+    """A data file's JSON, or a DataError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        raw = json.loads(path.read_bytes())
+        return json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON ({e})") from None
-    return parse_locomo(raw, str(path))
+
+
+def load_locomo(path) -> list[Conversation]:
+    return parse_locomo(read_json(path), str(path))
 
 
 def by_split(convs: list[Conversation]) -> dict[str, list[Conversation]]:

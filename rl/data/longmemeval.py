@@ -7,10 +7,9 @@ Question types map onto Mem0's categories for the per-category tables: temporal-
 (single-hop); the original type stays in `QA.kind` (with "-abstention" added for `_abs` items).
 Evidence is the dia_ids of turns marked `has_answer`. The whole set is an evaluation set: split "test".
 """
-import json
 from pathlib import Path
 
-from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn
+from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, read_json
 
 CATEGORY_OF_TYPE = {"single-session-user": 1, "single-session-assistant": 1, "single-session-preference": 1,
                     "knowledge-update": 1, "temporal-reasoning": 2, "multi-session": 3}
@@ -64,12 +63,7 @@ def parse_item(item: dict, where: str, split: str = "test") -> Conversation:
 
 def load_longmemeval(path, split: str = "test") -> list[Conversation]:
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    try:
-        raw = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
+    raw = read_json(path)
     if not isinstance(raw, list):
         raise DataError(f"{path}: expected a JSON list of questions, got {type(raw).__name__}")
     return [parse_item(item, f"{path} item {i}", split) for i, item in enumerate(raw)]
