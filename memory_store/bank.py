@@ -8,9 +8,7 @@ A bank on disk is a folder:
 compact() writes base-<gen+1> and an empty log-<gen+1>, then swaps MANIFEST.json by rename; a crash at
 any point leaves the old or the new generation whole, and the next writer removes the other.
 """
-import fcntl
 import os
-import shutil
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -18,11 +16,12 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import (BankError, BankFormatError, BankLocked, CorruptLog, InvalidInput,
-                                       ReadOnlyBank, UnknownMemoryId)
+from memr1.memory_store.errors import BankError, CorruptLog, InvalidInput, ReadOnlyBank, UnknownMemoryId
 from memr1.memory_store.records import (FORMAT, VERSION, Add, AddRecord, BankConfig, Delete, DeleteRecord,
                                         LogRecord, Manifest, Memory, Noop, Update, UpdateRecord)
-from memr1.memory_store.segment import Segment, memory_segment, open_segment, write_segment
+from memr1.memory_store.segment import Segment, memory_segment, open_segment
+from memr1.memory_store.storage import (lock, make_config, read_manifest, remove_stale, validate_rows,
+                                        write_generation)
 
 _SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}
 _records = msgspec.msgpack.Decoder(LogRecord)
@@ -47,7 +46,7 @@ class MemoryBank:
     def create(cls, path: str | os.PathLike | None, dim: int | None = None, config: BankConfig | None = None,
                **overrides) -> "MemoryBank":
         """A new empty bank at `path` (which must not exist), or in memory when path is None."""
-        empty = np.empty((0, _config(dim, config, overrides).dim), np.float32)
+        empty = np.empty((0, make_config(dim, config, overrides).dim), np.float32)
         return cls.from_arrays(path, empty, [], [], [], dim=dim, config=config, **overrides)
 
     @classmethod
@@ -57,10 +56,10 @@ class MemoryBank:
         vectors = np.asarray(vectors)
         if dim is None and config is None and vectors.ndim == 2:
             dim = vectors.shape[1]
-        config = _config(dim, config, overrides)
+        config = make_config(dim, config, overrides)
         if not (len(texts) == len(speakers) == len(timestamps) == len(vectors)):
             raise InvalidInput("vectors, texts, speakers and timestamps must have the same length")
-        _validate_rows(config, vectors, texts, speakers)
+        validate_rows(config, vectors, texts, speakers)
         memories = [Memory(i, t, s, ts, i, i) for i, (t, s, ts) in enumerate(zip(texts, speakers, timestamps))]
         manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
         if path is None:
@@ -69,7 +68,7 @@ class MemoryBank:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise BankError(f"cannot create a bank at {path}: it already exists and is not an empty folder")
         path.mkdir(parents=True, exist_ok=True)
-        _write_generation(path, manifest, vectors, memories)
+        write_generation(path, manifest, vectors, memories)
         return cls.open(path, "rw")
 
     @classmethod
@@ -78,12 +77,12 @@ class MemoryBank:
         if mode not in ("r", "rw"):
             raise InvalidInput(f'mode must be "r" or "rw", got {mode!r}')
         path = Path(path)
-        manifest = _read_manifest(path)
+        manifest = read_manifest(path)
         config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
-        lock_fd = _lock(path) if mode == "rw" else None
+        lock_fd = lock(path) if mode == "rw" else None
         try:
             if mode == "rw":
-                _remove_stale(path, manifest.generation)
+                remove_stale(path, manifest.generation)
             segment = open_segment(path / f"base-{manifest.generation}", config, manifest.speakers_indexed)
             log = _core.OpLog(str(path / f"log-{manifest.generation}.oplog"), mode == "rw",
                               _SYNC[config.fsync], config.fsync_every)
@@ -211,9 +210,9 @@ class MemoryBank:
         if self.path is None:
             self._segment = memory_segment(vectors, memories, self.config)
         else:
-            manifest = _write_generation(self.path, manifest, vectors, memories)
+            manifest = write_generation(self.path, manifest, vectors, memories)
             self._log.close()
-            _remove_stale(self.path, manifest.generation)
+            remove_stale(self.path, manifest.generation)
             self._segment = open_segment(self.path / f"base-{manifest.generation}", self.config,
                                          manifest.speakers_indexed)
             self._log = _core.OpLog(str(self.path / f"log-{manifest.generation}.oplog"), True,
@@ -229,7 +228,7 @@ class MemoryBank:
         path.mkdir(parents=True, exist_ok=True)
         memories = list(self)
         manifest = Manifest(FORMAT, VERSION, self.config, 0, self._core.next_id, self._core.lsn, len(memories))
-        _write_generation(path, manifest, self._core.live_vectors(), memories)
+        write_generation(path, manifest, self._core.live_vectors(), memories)
         return MemoryBank.open(path, "rw")
 
     def sync(self) -> None:
@@ -260,92 +259,3 @@ class MemoryBank:
         c = self._core
         return {"live": c.size, "base_rows": c.base_size, "delta_rows": c.delta_len, "base_dead": c.base_dead,
                 "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(self._segment.indexes)}
-
-
-# ---- files ----
-def _config(dim, config, overrides) -> BankConfig:
-    if config is None:
-        if dim is None:
-            raise InvalidInput("give the vector dim (dim=...) or a BankConfig")
-        config = BankConfig(dim=dim)
-    elif dim is not None and dim != config.dim:
-        raise InvalidInput(f"dim={dim} disagrees with config.dim={config.dim}")
-    config = msgspec.structs.replace(config, **overrides) if overrides else config
-    try:
-        return msgspec.convert(msgspec.to_builtins(config), BankConfig)  # validates literals and types
-    except msgspec.ValidationError as e:
-        raise InvalidInput(f"bad bank config: {e}") from None
-
-
-def _validate_rows(config: BankConfig, vectors: np.ndarray, texts: list[str], speakers: list[str]) -> None:
-    """The checks an Add makes, vectorised for bulk loads."""
-    if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[1] != config.dim:
-        raise InvalidInput(f"vectors must be float32 of shape (n, {config.dim}), got {vectors.dtype} {vectors.shape}")
-    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1) | ~(vectors != 0).any(axis=1))
-    if len(bad):
-        raise InvalidInput(f"vector of row {bad[0]} is non-finite or all zeros")
-    for i, (t, s) in enumerate(zip(texts, speakers)):
-        if not t or len(t.encode()) > config.max_text_bytes or not s:
-            raise InvalidInput(f"row {i}: text must be 1..{config.max_text_bytes} bytes and speaker non-empty")
-
-
-def _write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
-    gen = manifest.generation
-    speakers = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
-    log = path / f"log-{gen}.oplog"
-    log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
-    _core.OpLog.create(str(log), gen)
-    manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers)
-    tmp = path / "MANIFEST.json.tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.encode(manifest))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / "MANIFEST.json")  # the commit point
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
-    return manifest
-
-
-def _read_manifest(path: Path) -> Manifest:
-    if not path.exists():
-        raise BankError(f"no bank at {path}: the path does not exist")
-    file = path / "MANIFEST.json"
-    if not file.is_file():
-        raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json")
-    try:
-        raw = msgspec.json.decode(file.read_bytes())
-    except msgspec.DecodeError as e:
-        raise BankFormatError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise BankFormatError(f"{path} is not a memr1 bank (format is {raw.get('format') if isinstance(raw, dict) else raw!r})")
-    if raw.get("version") != VERSION:
-        raise BankFormatError(f"{path} is a memr1 bank of version {raw.get('version')}; this code reads version {VERSION}")
-    try:
-        return msgspec.convert(raw, Manifest)
-    except msgspec.ValidationError as e:
-        raise BankFormatError(f"{file} is malformed: {e}") from None
-
-
-def _lock(path: Path) -> int:
-    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise BankLocked(f"bank {path} is already open for writing (by pid {holder}); "
-                         f"open it with mode='r' to read alongside") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def _remove_stale(path: Path, generation: int) -> None:
-    """Drop files of other generations: leftovers of a compaction that crashed or just finished."""
-    keep = {f"base-{generation}", f"log-{generation}.oplog", "MANIFEST.json", "LOCK"}
-    for entry in path.iterdir():
-        if entry.name in keep or not entry.name.startswith(("base-", "log-", "MANIFEST.json.")):
-            continue
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
