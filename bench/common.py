@@ -10,9 +10,14 @@ from pathlib import Path
 import numpy as np
 
 
+# Settings that change what a CPU benchmark measures; recorded when set.
+THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE")
+
+
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": sys.version.split()[0], "load_avg": os.getloadavg()}
+    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": len(os.sched_getaffinity(0)),
+            "python": sys.version.split()[0], "load_avg": os.getloadavg(),
+            "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
     for pkg in ("torch", "usearch", "numpy", "transformers", "vllm-cpu", "vllm", "triton"):
         try:
             info[pkg] = metadata.version(pkg)
@@ -21,11 +26,20 @@ def machine_info() -> dict:
     try:
         import torch
 
+        info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def percentiles(samples, qs=(50, 99)) -> list[float]:
@@ -49,3 +63,31 @@ def write_json(path: str, bench: str, rows: list[dict], **extra) -> None:
     payload = {"bench": bench, "machine": machine_info(), "rows": rows, **extra}
     Path(path).write_text(json.dumps(payload, indent=2))
     print(f"wrote {path}")
+
+
+def random_llama(folder, *, layers: int, hidden: int, heads: int, kv_heads: int, ffn_mult: int,
+                 scale: float = 1.0, max_positions: int = 4096):
+    """A random Llama with SmolLM2's tokenizer, saved as an ordinary HF checkpoint: for benchmarks and
+    tests where trained weights add nothing. `scale` > 1 sharpens its output distributions."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from memr1.engine.generation import default_model_path
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=ffn_mult * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      max_position_embeddings=max_positions, tie_word_embeddings=True, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(cfg).float()
+    if scale != 1.0:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.mul_(scale)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(default_model_path() / name, Path(folder) / name)
+    return Path(folder)

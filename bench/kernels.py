@@ -14,10 +14,8 @@ over the allocation before the call. Times are medians (triton.testing.do_bench 
 shared CPU, --threads 1 avoids OpenMP stalls that otherwise swamp the small ops.
 """
 import argparse
-import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,19 +24,11 @@ import time
 
 import torch
 
+from memr1.bench.common import write_json
 from memr1.kernels import gae, grpo_advantage, logprobs, logprobs_ref
 from memr1.kernels._dispatch import triton_available
 
 EPS = 1e-6
-
-
-def machine() -> dict:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
 
 
 def cuda_ms(fn):
@@ -316,9 +306,7 @@ def main(argv=None) -> int:
     add_ratios(rows)
     print_table(rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"bench": "kernels", "machine": machine(), "rows": rows}, f, indent=1)
+        write_json(args.json, "kernels", rows)
     return 0
 
 

@@ -14,10 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
-from memr1.bench.common import print_table, write_json
-from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator
+from memr1.bench.common import print_table, random_llama, write_json
+from memr1.engine.generation import GeneratorConfig, SamplingConfig, make_generator
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig
 from memr1.engine.stages import AnswerStage, StageConfig
@@ -25,24 +24,6 @@ from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.data import load_conversations
 from memr1.rl.items import ItemsConfig, build_items
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def small_model(folder: Path, layers: int, hidden: int) -> Path:
-    import shutil
-
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(default_model_path() / name, folder / name)
-    return folder
-
 
 def run(k: int, model: Path, items, steps: int, args) -> dict:
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
@@ -69,7 +50,7 @@ def main(argv=None) -> int:
     args.prompts, args.new_tokens = (4, 24) if args.quick else (8, 32)
     items = build_items(load_conversations(None, n=10, seed=0, split="train"), HashEmbedder(64), ItemsConfig())[1]
     with tempfile.TemporaryDirectory() as tmp:
-        model = small_model(Path(tmp), layers=4, hidden=256)
+        model = random_llama(tmp, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
         rows = [run(k, model, items, steps, args) for k in (0, 1)]
     print_table(rows, ["max_staleness", "step_s", "gen_s", "train_s", "sync_s", "sync_wait_s", "idle_frac", "steps"])
     print(f"  max_staleness 1 / 0 wall seconds per step = {rows[1]['step_s'] / rows[0]['step_s']:.2f}")

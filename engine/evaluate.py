@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config
+from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
 
 
 def eval_cli(args) -> int:
@@ -84,11 +84,6 @@ def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None) 
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def make_embedder(cfg: RunConfig):
-    from memr1.memory_store import HashEmbedder, default_embedder
-    return HashEmbedder(cfg.bank.hash_dim) if cfg.embedder == "hash" else default_embedder()
 
 
 def make_judge(cfg: RunConfig, generator):

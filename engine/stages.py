@@ -46,8 +46,8 @@ def to_train_batch(completions: list[list], rewards: list[list[float]], version:
                       group_ids=torch.tensor(groups, dtype=torch.long), weight_version=version)
 
 
-def answer_prompts(bank, questions: list[str], speakers, embedder, cfg: AnswerConfig) -> list[list[dict]]:
-    vectors = embedder.embed(questions)
+def answer_prompts(bank, questions: list[str], vectors, speakers, cfg: AnswerConfig) -> list[list[dict]]:
+    """One answer prompt per question: the question and its top-k memories per speaker from `bank`."""
     return [build_answer_messages(q, {s: bank.items_for_prompt(v, k=cfg.top_k_per_speaker, speaker=s)
                                       for s in speakers}, cfg) for q, v in zip(questions, vectors)]
 
@@ -88,11 +88,12 @@ class ManagerStage:
         # The frozen Answer Agent answers each item's questions from each fork, in one generate call.
         requests, owners = [], []
         per_item = self.cfg.group_size
+        questions = [[qa.question for qa in it.questions] for it in items]
+        vectors = [self.embedder.embed(q) for q in questions]  # once per item, shared by its G forks
         for j, fork in enumerate(forks):
-            it = items[j // per_item]
-            questions = [qa.question for qa in it.questions]
-            requests += answer_prompts(fork, questions, it.speakers, self.embedder, self.answer)
-            owners += [(j, qa.answer) for qa in it.questions]
+            i = j // per_item
+            requests += answer_prompts(fork, questions[i], vectors[i], items[i].speakers, self.answer)
+            owners += [(j, qa.answer) for qa in items[i].questions]
         answers = self.frozen.generate(requests, 1, self.cfg.frozen_sampling) if requests else []
         em = [[] for _ in forks]
         for (j, gold), out in zip(owners, answers):
@@ -117,8 +118,9 @@ class AnswerStage:
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step)
-        prompts = [answer_prompts(it.bank, [it.question.question], it.speakers, self.embedder, self.answer)[0]
-                   for it in items]
+        vectors = self.embedder.embed([it.question.question for it in items])
+        prompts = [answer_prompts(it.bank, [it.question.question], [v], it.speakers, self.answer)[0]
+                   for it, v in zip(items, vectors)]
         groups = generator.generate(prompts, self.cfg.group_size, self.sampling)
         gen_s = time.perf_counter() - t0
         parsed = [[parse_answer(c.text, self.answer) for c in g] for g in groups]

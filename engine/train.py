@@ -4,19 +4,18 @@ runs/<name>/config.toml            the resolved config
 runs/<name>/metrics.jsonl          one JSON object per step (both stages)
 runs/<name>/tb/                    TensorBoard
 runs/<name>/<stage>/checkpoints/step_<N>/   HF-loadable policy + optimizer, RNG and data state
-Stage 2 (answer) starts after stage 1 (manager) and uses its final checkpoint as the frozen manager.
+Stage 2 (answer) runs after stage 1 (manager). Both stages' banks come from the frozen pipeline in
+rl/items.py (oracle or raw); building stage 2's banks with the trained stage-1 manager is still to do.
 """
 import json
-import os
 import time
 from pathlib import Path
 
 import msgspec
 from tqdm import tqdm
 
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config
-from memr1.engine.generation import GeneratorConfig, make_generator
-from memr1.engine.generation import resolve_model
+from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.generation import make_generator, resolve_model
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop
 from memr1.engine.plan import plan_text
@@ -58,13 +57,7 @@ def latest_checkpoint(stage_dir: Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
-def make_embedder(cfg: RunConfig):
-    from memr1.memory_store import HashEmbedder, default_embedder
-
-    return HashEmbedder(cfg.bank.hash_dim) if cfg.embedder == "hash" else default_embedder()
-
-
-def train_stage(cfg: RunConfig, name: str, items, embedder, run_dir: Path, frozen_model: str | None) -> Path:
+def train_stage(cfg: RunConfig, name: str, items, embedder, run_dir: Path) -> Path:
     stage_dir = run_dir / name
     base = str(resolve_model(cfg.generator.model))
     learner = Learner(msgspec.structs.replace(cfg.learner, model_path=base, temperature=cfg.sampling.temperature))
@@ -78,7 +71,7 @@ def train_stage(cfg: RunConfig, name: str, items, embedder, run_dir: Path, froze
         policy.update_weights(named, start)
         print(f"resuming {name} from {ckpt} at step {start}")
     if name == "manager":
-        frozen = make_generator(msgspec.structs.replace(cfg.generator, model=frozen_model or base))
+        frozen = make_generator(cfg.generator)  # the frozen Answer Agent: base weights, its own engine
         stage = ManagerStage(items[0], frozen, embedder, cfg.stage, cfg.sampling, cfg.manager, cfg.answer)
     else:
         stage = AnswerStage(items[1], embedder, cfg.stage, cfg.sampling, cfg.answer)
@@ -98,6 +91,9 @@ def train(cfg: RunConfig) -> dict:
     from memr1.rl.data import load_conversations
     from memr1.rl.items import build_items
 
+    unknown = [s for s in cfg.stages if s not in ("manager", "answer")]
+    if unknown:
+        raise ConfigError(f"stages: unknown stage(s) {unknown}; use 'manager' and/or 'answer'")
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
@@ -106,14 +102,11 @@ def train(cfg: RunConfig) -> dict:
     items = build_items(conversations, embedder, cfg.items)
     print(f"{len(conversations)} train conversations: {len(items[0])} manager items, {len(items[1])} answer items")
     finals = {}
-    frozen_manager = cfg.manager_checkpoint or None
     for name in cfg.stages:
         t = time.perf_counter()
-        finals[name] = str(train_stage(cfg, name, items, embedder, run_dir, None))
-        if name == "manager":
-            frozen_manager = finals[name]
+        finals[name] = str(train_stage(cfg, name, items, embedder, run_dir))
         print(f"stage {name}: {time.perf_counter() - t:.0f}s, final checkpoint {finals[name]}")
-    return {"run_dir": str(run_dir), "checkpoints": finals, "frozen_manager": frozen_manager}
+    return {"run_dir": str(run_dir), "checkpoints": finals}
 
 
 def train_cli(args) -> int:

@@ -63,25 +63,28 @@ def build_items(conversations: list[Conversation], embedder, cfg: ItemsConfig
         speakers = (conv.speaker_a, conv.speaker_b)
         bank = MemoryBank.create(None, dim=embedder.dim)
         asked = _last_evidence(conv)
-        oracle = {}
+        turns, oracle = conv.turns(), {}
         if cfg.bank_pipeline == "oracle":
             if not conv.oracle:
                 raise ValueError(f"{conv.sample_id}: bank_pipeline='oracle' needs synthetic data with an oracle; "
                                  f"use bank_pipeline='raw' for LoCoMo")
-            for e in conv.oracle["timeline"]:
-                oracle.setdefault(e["dia_id"], []).append(e)
+            timeline = conv.oracle["timeline"]
+            for e, v in zip(timeline, embedder.embed([e["memory"] for e in timeline])):  # one call per conversation
+                oracle.setdefault(e["dia_id"], []).append((e, v))
+        else:
+            turn_vectors = embedder.embed([t.text for t in turns])
         slot_ids: dict[str, int] = {}
-        for turn in conv.turns():
+        for i, turn in enumerate(turns):
             events = oracle.get(turn.dia_id, [])
-            facts = [e["fact"] for e in events] if cfg.bank_pipeline == "oracle" else [turn.text]
+            facts = [e["fact"] for e, _ in events] if cfg.bank_pipeline == "oracle" else [turn.text]
             if facts and turn.dia_id in asked:
                 manager_items.append(ManagerItem(conv.sample_id, turn.dia_id, turn.speaker, turn.timestamp, facts,
                                                  bank.fork(), asked[turn.dia_id][:cfg.max_questions_per_item],
                                                  speakers))
             if cfg.bank_pipeline == "raw":
-                bank.apply(Add(turn.text, embedder.embed([turn.text])[0], turn.speaker, turn.timestamp))
-            for e in events:
-                _apply_oracle_event(bank, e, slot_ids, embedder, turn.timestamp)
+                bank.apply(Add(turn.text, turn_vectors[i], turn.speaker, turn.timestamp))
+            for e, vector in events:
+                _apply_oracle_event(bank, e, vector, slot_ids, turn.timestamp)
         answer_items += [AnswerItem(conv.sample_id, qa, bank, speakers) for qa in conv.qa]
     rng = random.Random(cfg.seed)
     rng.shuffle(manager_items)
@@ -89,12 +92,12 @@ def build_items(conversations: list[Conversation], embedder, cfg: ItemsConfig
     return manager_items, answer_items
 
 
-def _apply_oracle_event(bank: MemoryBank, e: dict, slot_ids: dict[str, int], embedder, timestamp: str) -> None:
+def _apply_oracle_event(bank: MemoryBank, e: dict, vector, slot_ids: dict[str, int], timestamp: str) -> None:
     slot, event = e["slot"], e["event"]  # slots are per speaker ("Ivan/city")
     if event == "ADD":
-        slot_ids[slot] = bank.apply(Add(e["memory"], embedder.embed([e["memory"]])[0], e["speaker"], timestamp))
+        slot_ids[slot] = bank.apply(Add(e["memory"], vector, e["speaker"], timestamp))
     elif event == "UPDATE":
-        bank.apply(Update(slot_ids[slot], e["memory"], embedder.embed([e["memory"]])[0], timestamp))
+        bank.apply(Update(slot_ids[slot], e["memory"], vector, timestamp))
     elif event == "DELETE":
         bank.apply(Delete(slot_ids.pop(slot)))
 

@@ -1,12 +1,11 @@
 """gae: the Triton kernel against the torch reference, and the reference against a scalar Python loop."""
-import math
 import secrets
 
 import pytest
 import torch
 
 from memr1.kernels import gae, gae_ref
-from kernel_helpers import DEVICES, IMPLS, interpreting, need, poisoned  # noqa: F401 (a fixture)
+from kernel_helpers import DEVICES, IMPLS, interpreting, need
 
 
 def batch(n, T, dtype, device, seed):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memr1.kernels import grpo_advantage, grpo_advantage_ref
-from kernel_helpers import DEVICES, IMPLS, interpreting, need, poisoned  # noqa: F401 (a fixture)
+from kernel_helpers import DEVICES, IMPLS, need
 
 
 def ragged(device, dtype, seed, offset=0.0):
