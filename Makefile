@@ -25,8 +25,9 @@ $(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
 	$(PIP) install -q --no-build-isolation -e .
 	touch $(STAMP)
 
+# The main job: both stages on SmolLM2 + synthetic data, then eval of base and trained (runs/default/).
 train: $(STAMP)
-	$(PY) -m memr1.bench.memory_ops --quick --json runs/bench/memory_ops.json
+	$(VENV)/bin/memr1 train --config configs/default.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,6 +30,13 @@ FULL_LOAD = StateDictOptions(full_state_dict=True)
 # The fields that make two checkpoints the same network; anything else (dtype, attention) may differ.
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def latest_checkpoint(stage_dir) -> Path | None:
+    """The highest `checkpoints/step_<N>` of a stage folder, or None."""
+    steps = sorted((int(p.name.split("_")[1]), p) for p in (Path(stage_dir) / "checkpoints").glob("step_*")
+                   if p.name.split("_")[1].isdigit())
+    return steps[-1][1] if steps else None
 
 
 def _rng_state() -> dict:

@@ -58,6 +58,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stage: StageConfig = msgspec.field(default_factory=StageConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
+    eval_after: list[str] = []   # after training, `memr1 eval` of "base" and/or "trained" on eval_split
+    eval_split: str = "val"
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir or f"runs/{self.name}")
@@ -154,6 +156,17 @@ def check(cfg: RunConfig, where: str) -> None:
         raise ConfigError(f"{where}: name must be a non-empty string without '/', got {cfg.name!r}")
     if cfg.data.n < 1:
         raise ConfigError(f"{where}: data.n must be >= 1, got {cfg.data.n}")
+    unknown = [s for s in cfg.stages if s not in ("manager", "answer")]
+    if unknown:
+        raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use 'manager' and/or 'answer'")
+    bad = [w for w in cfg.eval_after if w not in ("base", "trained")]
+    if bad:
+        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base' and/or 'trained'")
+    if cfg.eval_split not in ("train", "val", "test"):
+        raise ConfigError(f"{where}: eval_split must be train, val or test, got {cfg.eval_split!r}")
+    ckpt = cfg.items.manager_checkpoint
+    if ckpt and not (Path(ckpt) / "config.json").is_file():
+        raise ConfigError(f"{where}: items.manager_checkpoint={ckpt!r}: no config.json there (an HF checkpoint)")
     try:
         cfg.eval.check()
     except ValueError as e:

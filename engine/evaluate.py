@@ -1,9 +1,10 @@
 """`memr1 eval`: build the generator, embedder and data from the run config, run `memr1.rl.eval`,
 write `<run_dir>/eval/<split>.json` and print the paper's table.
 
-Banks are cached under `eval.cache_dir`, else `$MEMR1_CACHE/eval`, else `<run_dir>/cache`, in a folder
-named by a hash of everything that decides their content (model weights' identity, extraction and
-manager settings, the embedder, the turn limit), so a rerun or an interrupted run reuses them.
+Extractions and banks are cached under `eval.cache_dir`, else `$MEMR1_CACHE/eval`, else
+`<run_dir>/cache`, in folders named by a hash of everything that decides their content (the weights'
+identity, extraction and manager settings, the embedder, the turn limit), so a rerun or an
+interrupted run reuses them. One engine serves every role, swapping checkpoints between phases.
 """
 import hashlib
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.engine.checkpoint import latest_checkpoint
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
 
 
@@ -31,8 +33,31 @@ def eval_cli(args) -> int:
     return 0
 
 
-def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None) -> Path:
+def role_models(base: Path, checkpoint: str | None) -> dict[str, Path]:
+    """Which weights play which role. Extraction and the local judge always use the base model (they
+    are not trained); the manager and the answer agent use `checkpoint`, which is either one HF
+    checkpoint (both roles) or a `memr1 train` run directory (each stage's latest checkpoint, the base
+    model for a stage that has none)."""
+    roles = {"extract": base, "manager": base, "answer": base, "judge": base}
+    if not checkpoint:
+        return roles
+    path = Path(checkpoint)
+    if (path / "config.json").is_file():
+        return {**roles, "manager": path, "answer": path}
+    if (path / "config.toml").is_file():
+        found = {stage: latest_checkpoint(path / stage) for stage in ("manager", "answer")}
+        if not any(found.values()):
+            raise ValueError(f"--checkpoint {path}: a run directory without any checkpoint yet")
+        return {**roles, **{stage: p for stage, p in found.items() if p is not None}}
+    raise ValueError(f"--checkpoint {path}: no config.json (HF checkpoint) or config.toml (run directory) there")
+
+
+def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None, generator=None,
+             label: str = "") -> Path:
+    """Evaluate one split; write `<run_dir>/eval/<split>[.<label>].json` and print the table.
+    `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
     from memr1.engine.generation import SamplingConfig, make_generator, resolve_model
+    from memr1.engine.swap import WeightSwap
     from memr1.rl.data import load_conversations
     from memr1.rl.eval import evaluate, table, write_report
 
@@ -41,33 +66,38 @@ def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None) 
     if not convs:
         source = cfg.data.path or f"the synthetic set (data.n={cfg.data.n})"
         raise ValueError(f"{source} has no conversations in split {split!r}")
-    gen_cfg = cfg.generator
-    if checkpoint:
-        if cfg.eval.baseline == "base":
-            raise ValueError("eval.baseline='base' evaluates the untrained model; drop --checkpoint")
-        gen_cfg = msgspec.structs.replace(gen_cfg, model=str(Path(checkpoint).resolve()))
-    model_path = resolve_model(gen_cfg.model)
-    model_id = model_identity(model_path)
+    if checkpoint and cfg.eval.baseline == "base":
+        raise ValueError("eval.baseline='base' evaluates the untrained model; drop --checkpoint")
+    base = resolve_model(cfg.generator.model)
+    models = role_models(base, checkpoint)
+    ids = {role: model_identity(path) for role, path in models.items()}
     embedder = make_embedder(cfg)
-    generator = make_generator(gen_cfg)
+    if generator is None:
+        generator = make_generator(cfg.generator)
+        swap = WeightSwap(generator, loaded=base)
+    else:
+        swap = WeightSwap(generator)
+    views = {role: swap.view(path) for role, path in models.items()}
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=64, seed=cfg.seed)
-    budget = gen_cfg.max_model_len
+    budget = cfg.generator.max_model_len
 
     def count_tokens(messages) -> int:
         text = generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return len(generator.tokenizer.encode(text, add_special_tokens=False))
 
-    cache = bank_cache_dir(cfg, model_id, run_dir)
-    report = evaluate(convs, split, generator, embedder, cfg.eval, sampling=greedy, cache_dir=cache,
-                      model_id=model_id, extract_cfg=cfg.extract, manager_cfg=cfg.manager, answer_cfg=cfg.answer,
-                      judge=make_judge(cfg, generator), count_tokens=count_tokens, context_limit=budget,
-                      bank_overrides={"fsync": cfg.bank.fsync})
+    facts_dir, banks_dir = cache_dirs(cfg, ids, run_dir)
+    report = evaluate(convs, split, views, embedder, cfg.eval, sampling=greedy, cache_dir=banks_dir,
+                      facts_dir=facts_dir, model_id=ids["answer"], extract_cfg=cfg.extract,
+                      manager_cfg=cfg.manager, answer_cfg=cfg.answer, judge=make_judge(cfg, views["judge"]),
+                      count_tokens=count_tokens, context_limit=budget, bank_overrides={"fsync": cfg.bank.fsync})
     report["data"] = cfg.data.path or f"synthetic(n={cfg.data.n}, seed={cfg.data.seed})"
-    report["bank_cache"] = str(cache)
+    report["models"], report["weight_swaps"] = ids, swap.swaps
+    report["bank_cache"], report["facts_cache"] = str(banks_dir), str(facts_dir)
     out_dir = run_dir / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{split}.config.toml").write_text(dump_toml(cfg))
-    out = write_report(report, out_dir / f"{split}.json")
+    name = f"{split}.{label}" if label else split
+    (out_dir / f"{name}.config.toml").write_text(dump_toml(cfg))
+    out = write_report(report, out_dir / f"{name}.json")
     print(table(report))
     m = report["manager"]
     if m:
@@ -106,16 +136,23 @@ def model_identity(path: Path) -> str:
     return f"{path.resolve()}@{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
-def bank_cache_dir(cfg: RunConfig, model_id: str, run_dir: Path) -> Path:
+def cache_dirs(cfg: RunConfig, ids: dict[str, str], run_dir: Path) -> tuple[Path, Path]:
+    """(extraction cache, bank cache) folders. Each key holds only what changes that content, so the
+    trained eval of a run reuses the base eval's extraction (both extract with the base model)."""
     e = cfg.eval
-    # Only what changes the banks' content goes into the key (not the answer or judge settings).
-    key = {"model": model_id, "baseline_builds_banks": e.baseline in ("memr1", "base"),
-           "embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
-           "extract": msgspec.to_builtins(cfg.extract), "manager": msgspec.to_builtins(cfg.manager),
-           "dtype": cfg.generator.dtype, "backend": cfg.generator.backend,
-           "eval": {k: getattr(e, k) for k in ("extract_max_new_tokens", "manager_max_new_tokens",
-                                               "manager_turns_per_call", "extract_context_turns", "max_turns")}}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
+              "dtype": cfg.generator.dtype, "backend": cfg.generator.backend,
+              "turns": {k: getattr(e, k) for k in ("extract_context_turns", "max_turns")}}
+    facts_key = {**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract),
+                 "max_new_tokens": e.extract_max_new_tokens}
+    facts_digest = _digest(facts_key)
+    bank_key = {"facts": facts_digest, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
+                "baseline_builds_banks": e.baseline in ("memr1", "base"),
+                "eval": {k: getattr(e, k) for k in ("manager_max_new_tokens", "manager_turns_per_call")}}
     root = Path(e.cache_dir) if e.cache_dir else (
         Path(os.environ["MEMR1_CACHE"]) / "eval" if os.environ.get("MEMR1_CACHE") else run_dir / "cache")
-    return root / "banks" / digest
+    return root / "facts" / facts_digest, root / "banks" / _digest(bank_key)
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

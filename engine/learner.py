@@ -20,7 +20,7 @@ from torch import nn
 
 from memr1 import kernels
 from memr1.engine import dist as dist_utils
-from memr1.engine.dist import Micro, build_micro, split_parts
+from memr1.engine.batching import Micro, build_micro, split_parts
 from memr1.rl.algos import Critic, GRPOConfig, PPOConfig, grpo_advantages, ppo_targets
 from memr1.rl.losses import Denom, LossConfig, kl_penalty, policy_loss, value_loss
 
@@ -272,6 +272,11 @@ class Learner:
             start += size
 
     # -- weights out ---------------------------------------------------------------------------------
+    def weight_manifest(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> full shape of exactly what `export_weights` yields, with no collective (a DTensor's
+        shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
+        return {name: tuple(p.shape) for name, p in self.policy.lm.named_parameters()}
+
     def export_weights(self, bucket_bytes: int = 256 << 20, dtype: torch.dtype | None = None
                        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Yield buckets of (HF name, full tensor) for a generator's `update_weights`. One parameter is

@@ -40,6 +40,7 @@ class Stage(Protocol):
 class Learner(Protocol):
     def train_step(self, batch) -> dict: ...
     def export_weights(self, bucket_bytes: int): ...
+    def weight_manifest(self) -> dict: ...
 
 
 @dataclass
@@ -178,7 +179,9 @@ class Loop:
             t1 = time.perf_counter()
             bucket_bytes = self.cfg.weight_bucket_mb << 20
             named = (pair for bucket in self.learner.export_weights(bucket_bytes) for pair in bucket)
-            self.generator.update_weights(named, version)
+            # With the manifest the generator checks the whole set up front and then streams the
+            # buckets, instead of holding every gathered tensor to check them first.
+            self.generator.update_weights(named, version, manifest=self.learner.weight_manifest())
             t2 = time.perf_counter()
         with self.cond:
             self.cond.notify_all()

@@ -4,9 +4,13 @@ runs/<name>/config.toml            the resolved config
 runs/<name>/metrics.jsonl          one JSON object per step (both stages)
 runs/<name>/tb/                    TensorBoard
 runs/<name>/<stage>/checkpoints/step_<N>/   HF-loadable policy + optimizer, RNG and data state
-Stage 2 (answer) runs after stage 1 (manager). Both stages' banks come from the frozen pipeline in
-rl/items.py (oracle or raw); building stage 2's banks with the trained stage-1 manager is still to do.
+runs/<name>/answer/banks/          stage 2's banks, built by the frozen stage-1 manager
+runs/<name>/eval/<split>.<base|trained>.json   with `eval_after`
+Stage 2 (answer) runs after stage 1 (manager) and, with items.answer_banks = "manager", trains on banks
+that stage 1's final checkpoint built (or items.manager_checkpoint's, or the base model's).
 """
+import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -14,12 +18,14 @@ from pathlib import Path
 import msgspec
 from tqdm import tqdm
 
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
-from memr1.engine.generation import make_generator, resolve_model
+from memr1.engine.config import RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.checkpoint import latest_checkpoint
+from memr1.engine.generation import SamplingConfig, make_generator, resolve_model
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop
 from memr1.engine.plan import plan_text
 from memr1.engine.stages import AnswerStage, ManagerStage
+from memr1.rl.items import step_items
 
 
 class RunLog:
@@ -51,30 +57,28 @@ class RunLog:
         self.file.close()
 
 
-def latest_checkpoint(stage_dir: Path) -> Path | None:
-    steps = sorted((int(p.name.split("_")[1]), p) for p in (stage_dir / "checkpoints").glob("step_*")
-                   if p.name.split("_")[1].isdigit())
-    return steps[-1][1] if steps else None
+def sync_policy(policy, learner, version: int, cfg: RunConfig) -> None:
+    """Put the learner's weights into the policy engine: at a stage's start (fresh or resumed) the
+    engine may still hold the previous stage's policy."""
+    named = (p for bucket in learner.export_weights(cfg.loop.weight_bucket_mb << 20) for p in bucket)
+    policy.update_weights(named, version, manifest=learner.weight_manifest())
 
 
-def train_stage(cfg: RunConfig, name: str, items, embedder, run_dir: Path) -> Path:
+def train_stage(cfg: RunConfig, name: str, items: list, embedder, run_dir: Path, policy, frozen) -> Path:
     stage_dir = run_dir / name
     base = str(resolve_model(cfg.generator.model))
     learner = Learner(msgspec.structs.replace(cfg.learner, model_path=base, temperature=cfg.sampling.temperature))
-    policy = make_generator(cfg.generator)
     start = 0
     ckpt = latest_checkpoint(stage_dir)
     if ckpt is not None:  # resume: same data order (items are picked by step), same weights
         state = learner.load_checkpoint(str(ckpt))
         start = int(state.get("data", {}).get("step", state.get("step", 0)))
-        named = (p for bucket in learner.export_weights(cfg.loop.weight_bucket_mb << 20) for p in bucket)
-        policy.update_weights(named, start)
         print(f"resuming {name} from {ckpt} at step {start}")
-    if name == "manager":
-        frozen = make_generator(cfg.generator)  # the frozen Answer Agent: base weights, its own engine
-        stage = ManagerStage(items[0], frozen, embedder, cfg.stage, cfg.sampling, cfg.manager, cfg.answer)
+    sync_policy(policy, learner, start, cfg)
+    if name == "manager":  # the frozen Answer Agent answers from each rollout's fork, on base weights
+        stage = ManagerStage(items, frozen, embedder, cfg.stage, cfg.sampling, cfg.manager, cfg.answer)
     else:
-        stage = AnswerStage(items[1], embedder, cfg.stage, cfg.sampling, cfg.answer)
+        stage = AnswerStage(items, embedder, cfg.stage, cfg.sampling, cfg.answer)
     log = RunLog(run_dir, name, cfg.loop.steps, start)
 
     def save(step: int) -> None:
@@ -84,29 +88,95 @@ def train_stage(cfg: RunConfig, name: str, items, embedder, run_dir: Path) -> Pa
         Loop(stage, policy, learner, cfg.loop, on_step=log, save_checkpoint=save).run(start)
     finally:
         log.close()
+        del learner
     return latest_checkpoint(stage_dir)
 
 
+def manager_banks(cfg: RunConfig, conversations: list, answer_items: list, embedder, swap, manager: Path,
+                  run_dir: Path) -> list:
+    """Stage 2's banks, built by the frozen stage-1 manager with the eval pipeline (rl/eval_banks.py)
+    and cached in the run. Facts come from the synthetic oracle when there is one (a perfect
+    extractor), else from extraction with the base model. Only the conversations that stage 2's steps
+    will draw from are built (the draw is fixed by step, so a resume builds the same set)."""
+    from memr1.engine.evaluate import model_identity
+    from memr1.rl.eval_banks import extract_all, oracle_facts, run_manager, with_tokens
+
+    need = {it.conversation for s in range(cfg.loop.steps) for it in step_items(answer_items, s, cfg.stage.prompts_per_step)}
+    convs = [c for c in conversations if c.sample_id in need]
+    key = hashlib.sha256(f"{model_identity(manager)}|{dump_toml(cfg.manager)}|{dump_toml(cfg.eval)}".encode())
+    root = run_dir / "answer" / "banks" / key.hexdigest()[:16]
+    dirs = {c.sample_id: root / c.sample_id for c in convs}
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=cfg.eval.manager_max_new_tokens, seed=cfg.seed)
+    facts = {c.sample_id: oracle_facts(c, cfg.eval) for c in convs if c.oracle}
+    todo = [c for c in convs if not c.oracle]
+    bar = lambda desc: tqdm(desc=desc, total=0, unit="prompt", dynamic_ncols=True)
+    if todo:
+        with bar("stage-2 banks: extract") as b:
+            facts.update(extract_all(todo, dirs, swap.view(resolve_model(cfg.generator.model)),
+                                     with_tokens(greedy, cfg.eval.extract_max_new_tokens), cfg.eval, cfg.extract, b))
+    with bar("stage-2 banks: manager") as b:
+        builds = run_manager(convs, dirs, facts, swap.view(manager), embedder, greedy, cfg.eval, cfg.manager,
+                             {"fsync": cfg.bank.fsync}, [], b)
+    banks = {sid: build.bank for sid, build in builds.items()}
+    print(f"stage-2 banks: {len(banks)} conversations by manager {manager}, "
+          f"{sum(len(b) for b in banks.values())} memories, in {root}")
+    return [dataclasses.replace(it, bank=banks[it.conversation]) if it.conversation in banks else it
+            for it in answer_items]
+
+
 def train(cfg: RunConfig) -> dict:
+    from memr1.engine.evaluate import run_eval
+    from memr1.engine.swap import WeightSwap
     from memr1.rl.data import load_conversations
     from memr1.rl.items import build_items
 
-    unknown = [s for s in cfg.stages if s not in ("manager", "answer")]
-    if unknown:
-        raise ConfigError(f"stages: unknown stage(s) {unknown}; use 'manager' and/or 'answer'")
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
     embedder = make_embedder(cfg)
     conversations = load_conversations(cfg.data.path or None, n=cfg.data.n, seed=cfg.data.seed, split="train")
-    items = build_items(conversations, embedder, cfg.items)
-    print(f"{len(conversations)} train conversations: {len(items[0])} manager items, {len(items[1])} answer items")
-    finals = {}
+    manager_items, answer_items = build_items(conversations, embedder, cfg.items)
+    print(f"{len(conversations)} train conversations: {len(manager_items)} manager items, "
+          f"{len(answer_items)} answer items")
+    base = resolve_model(cfg.generator.model)
+    # Two engines serve the whole run: the policy being trained, and a second one whose weights swap
+    # between roles (stage 1's frozen answer agent, stage 2's bank-building manager, the evals).
+    policy = make_generator(cfg.generator)
+    swap = WeightSwap(make_generator(cfg.generator), loaded=base)
+    finals: dict[str, str] = {}
     for name in cfg.stages:
         t = time.perf_counter()
-        finals[name] = str(train_stage(cfg, name, items, embedder, run_dir))
+        if name == "manager":
+            items = manager_items
+        elif cfg.items.answer_banks == "manager":
+            manager = finals.get("manager") or cfg.items.manager_checkpoint or base
+            items = manager_banks(cfg, conversations, answer_items, embedder, swap, Path(manager), run_dir)
+        else:
+            items = answer_items
+        finals[name] = str(train_stage(cfg, name, items, embedder, run_dir, policy, swap.view(base)))
         print(f"stage {name}: {time.perf_counter() - t:.0f}s, final checkpoint {finals[name]}")
-    return {"run_dir": str(run_dir), "checkpoints": finals}
+    evals = {}
+    for which in cfg.eval_after:   # base: the untrained pipeline; trained: this run's checkpoints
+        ecfg = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(
+            cfg.eval, baseline="base" if which == "base" else "memr1"))
+        evals[which] = str(run_eval(ecfg, cfg.eval_split, checkpoint=None if which == "base" else str(run_dir),
+                                    generator=swap.generator, label=which))
+    if len(evals) > 1:
+        print(compare_evals(evals))
+    return {"run_dir": str(run_dir), "checkpoints": finals, "evals": evals}
+
+
+def compare_evals(evals: dict[str, str]) -> str:
+    """Overall EM / F1 / BLEU-1 / J (%) and the manager's oracle scores (%) of each eval, side by side."""
+    rows = [f"{'policy':8} {'EM':>6} {'F1':>6} {'BLEU-1':>7} {'J':>6} {'op acc':>7} {'recall':>7} {'prec':>6}  report"]
+    for which, path in evals.items():
+        r = json.loads(Path(path).read_text())
+        o, m = r.get("oracle") or {}, r["metrics"]["overall"]
+        cell = lambda x, scale=1.0: "-" if x is None else f"{scale * x:.1f}"
+        rows.append(f"{which:8} {cell(m['em']):>6} {cell(m['f1']):>6} {cell(m['bleu1']):>7} {cell(m['j']):>6} "
+                    f"{cell(o.get('op_accuracy'), 100):>7} {cell(o.get('fact_recall'), 100):>7} "
+                    f"{cell(o.get('fact_precision'), 100):>6}  {path}")
+    return "\n".join(rows)
 
 
 def train_cli(args) -> int:

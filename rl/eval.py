@@ -75,27 +75,37 @@ class EvalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
             raise ValueError(f"eval.fact_match_f1 must be in (0, 1], got {self.fact_match_f1}")
 
 
+ROLES = ("extract", "manager", "answer")
+
+
 def evaluate(conversations: list, split: str, generator, embedder, cfg: EvalConfig, *, sampling=None,
-             cache_dir: str | Path, model_id: str = "", extract_cfg: ExtractConfig = ExtractConfig(),
+             cache_dir: str | Path, facts_dir: str | Path | None = None, model_id: str = "",
+             extract_cfg: ExtractConfig = ExtractConfig(),
              manager_cfg: ManagerConfig = ManagerConfig(), answer_cfg: AnswerConfig = AnswerConfig(),
              judge=None, count_tokens=None, context_limit: int | None = None,
              bank_overrides: dict | None = None) -> dict:
     """Run one split and return the report (a JSON-ready dict; `format_table(report["metrics"])`).
 
-    `sampling` is the generator's greedy sampling settings (its max_new_tokens is set per stage);
-    `cache_dir` the folder for this (data, model, config)'s banks; `judge` a generator for J or None
+    `generator` is one Generator for every role, or a dict role -> Generator for ROLES (the trained
+    manager and answer agent are different checkpoints); `sampling` is the generators' greedy
+    sampling settings (its max_new_tokens is set per stage); `cache_dir` the folder for this (data,
+    model, config)'s banks and `facts_dir` for its extractions (default: cache_dir); `judge` a generator for J or None
     (J is then null); `count_tokens(messages)` and `context_limit` gate full_context prompts."""
     builds: dict = {}   # filled by bank building; its banks are closed however the run ends
     try:
-        return _evaluate(conversations, split, generator, embedder, cfg, sampling, Path(cache_dir), model_id,
-                         extract_cfg, manager_cfg, answer_cfg, judge, count_tokens, context_limit,
+        gens = generator if isinstance(generator, dict) else dict.fromkeys(ROLES, generator)
+        missing = [r for r in ROLES if r not in gens]
+        if missing:
+            raise ValueError(f"evaluate: no generator for role(s) {missing}")
+        return _evaluate(conversations, split, gens, embedder, cfg, sampling, Path(cache_dir),
+                         Path(facts_dir or cache_dir), model_id, extract_cfg, manager_cfg, answer_cfg, judge, count_tokens, context_limit,
                          bank_overrides or {}, builds)
     finally:
         for b in builds.values():
             b.bank.close()
 
 
-def _evaluate(conversations, split, generator, embedder, cfg, sampling, cache_dir, model_id, extract_cfg,
+def _evaluate(conversations, split, gens, embedder, cfg, sampling, cache_dir, facts_dir, model_id, extract_cfg,
               manager_cfg, answer_cfg, judge, count_tokens, context_limit, bank_overrides, builds) -> dict:
     cfg.check()
     if not conversations:
@@ -105,17 +115,16 @@ def _evaluate(conversations, split, generator, embedder, cfg, sampling, cache_di
     t_start = time.perf_counter()
     lat = {"manager": [], "search": [], "answer": []}
     dirs = {c.sample_id: cache_dir / c.sample_id for c in conversations}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
+    fact_dirs = {c.sample_id: facts_dir / c.sample_id for c in conversations}
     bar = lambda desc: tqdm(desc=desc, total=0, unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
 
     banks, skipped, contexts = {}, [], {}
     if cfg.baseline in ("memr1", "base"):
         with bar("extract facts") as b:
-            facts = extract_all(conversations, dirs, generator, with_tokens(sampling, cfg.extract_max_new_tokens),
+            facts = extract_all(conversations, fact_dirs, gens["extract"], with_tokens(sampling, cfg.extract_max_new_tokens),
                                 cfg, extract_cfg, b)
         with bar("manager steps") as b:
-            builds.update(run_manager(conversations, dirs, facts, generator, embedder,
+            builds.update(run_manager(conversations, dirs, facts, gens["manager"], embedder,
                                       with_tokens(sampling, cfg.manager_max_new_tokens), cfg, manager_cfg,
                                       bank_overrides, lat["manager"], b))
         banks = {sid: build.bank for sid, build in builds.items()}
@@ -139,7 +148,7 @@ def _evaluate(conversations, split, generator, embedder, cfg, sampling, cache_di
     texts = []
     if prompts:
         with tqdm(desc="answer", total=len(prompts), unit="q", disable=not cfg.progress, dynamic_ncols=True) as b:
-            texts = generate_texts(generator, prompts, with_tokens(sampling, cfg.answer_max_new_tokens),
+            texts = generate_texts(gens["answer"], prompts, with_tokens(sampling, cfg.answer_max_new_tokens),
                                    cfg.batch_size, lat["answer"], b)
     records = []
     for (c, q, n_mem), text in zip(items, texts):

@@ -9,12 +9,14 @@ can advance together. Each step sends one prompt per unfinished stream in one `g
 `manager_turns_per_call` > 1 puts the facts of that many consecutive turns of the stream's speaker
 (within one session, so they share a date) into one call.
 
-Cache layout, under `cache_dir` (the caller picks a folder keyed by a hash of model and config):
-    <sample_id>/meta.json        the conversation's content digest (a mismatch rebuilds)
-    <sample_id>/facts.json       extraction results, once all turns are extracted (until then,
-                                 facts.partial.jsonl holds each finished batch's turns)
-    <sample_id>/bank/            the MemoryBank in its durable on-disk format
-    <sample_id>/progress.jsonl   one line per manager step applied: step, bank op count, diagnostics
+Cache layout: the caller picks folders keyed by a hash of model and config, one for extraction and
+one for banks (they may be the same folder). Extraction has its own key because it is done by the
+frozen base model: the base and trained evals of a run share it.
+    <facts>/<sample_id>/facts.json      extraction results, once all turns are extracted (until then,
+                                        facts.partial.jsonl holds each finished batch's turns)
+    <banks>/<sample_id>/bank/           the MemoryBank in its durable on-disk format
+    <banks>/<sample_id>/progress.jsonl  one line per manager step applied: step, bank op count, diagnostics
+Both hold meta.json, the conversation's content digest (a mismatch rebuilds).
 A step's ops go to the bank in one all-or-nothing `apply_batch`, then its progress line is appended.
 If a crash falls between the two, the bank's op count is ahead of the last line, so on restart that
 step is counted as done (its ops are in the bank) and marked recovered.
@@ -150,7 +152,7 @@ class BankBuild(msgspec.Struct):
 
 
 def prepare_dir(conv, folder: Path) -> None:
-    """Keep a conversation's cache only if it was built from the same conversation content."""
+    """Keep a conversation's cache folder only if it was built from the same conversation content."""
     digest = conversation_digest(conv)
     meta = folder / "meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("digest") != digest:
@@ -190,9 +192,11 @@ def open_build(folder: Path, embedder, bank_overrides: dict) -> tuple[MemoryBank
 
 def run_manager(convs, dirs: dict, facts: dict, generator, embedder, sampling, cfg,
                 manager_cfg: ManagerConfig, bank_overrides: dict, latencies: list, bar) -> dict[str, BankBuild]:
+    """Build (or resume) each conversation's bank in `dirs[sample_id]` from its per-turn facts."""
     builds = {}
     try:
         for conv in convs:
+            prepare_dir(conv, dirs[conv.sample_id])
             bank, steps = open_build(dirs[conv.sample_id], embedder, bank_overrides)
             builds[conv.sample_id] = BankBuild(bank, steps, stream_groups(conv, facts[conv.sample_id], cfg))
         _manager_steps(builds, dirs, generator, embedder, sampling, cfg, manager_cfg, latencies, bar)
@@ -241,6 +245,15 @@ def _manager_steps(builds, dirs, generator, embedder, sampling, cfg, manager_cfg
             line = {"step": len(b.steps), "lsn": b.bank.stats()["ops"], "groups": [r for _, r in items]}
             _append(dirs[sid] / "progress.jsonl", line)
             b.steps.append(line)
+
+
+def oracle_facts(conv, cfg) -> list[list[str]]:
+    """Per-turn facts from a synthetic conversation's ground-truth timeline: what a perfect extractor
+    would return, so a manager can be run without the cost of model extraction."""
+    by_turn: dict[str, list[str]] = {}
+    for e in conv.oracle["timeline"]:
+        by_turn.setdefault(e["dia_id"], []).append(e["fact"])
+    return [by_turn.get(t.dia_id, []) for t in limit_turns(conv, cfg)]
 
 
 def rag_bank(conv, embedder, cfg) -> MemoryBank:

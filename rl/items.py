@@ -4,7 +4,8 @@ Manager item: one fact-bearing turn, the bank as it stood before that turn, and 
 last evidence is that turn (so the bank after the turn holds all the evidence they need).
 Answer item: one question and the bank of its whole conversation.
 
-Banks come from a frozen pipeline, built once per conversation in dialogue order; the bank before
+Banks come from a frozen pipeline (stage 2's may instead come from the trained stage-1 manager; see
+ItemsConfig.answer_banks), built once per conversation in dialogue order; the bank before
 each turn is an O(1) fork taken on the way, so thousands of snapshots share one structure.
   - "oracle": the synthetic data's ground-truth ops (ADD/UPDATE/DELETE per fact slot);
   - "raw": every turn's text is ADDed as a memory (the RAG-style pipeline; works on any data).
@@ -21,6 +22,10 @@ from memr1.rl.data.locomo import QA, Conversation
 
 class ItemsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bank_pipeline: Literal["oracle", "raw"] = "oracle"
+    # Stage 2's banks: "manager" = built by the frozen stage-1 manager (memr1 train does it, see
+    # engine/train.py), "pipeline" = the bank_pipeline's banks, as stage 1 uses.
+    answer_banks: Literal["manager", "pipeline"] = "manager"
+    manager_checkpoint: str = ""   # stage 2 alone: the stage-1 manager to build banks with ("" = base)
     max_questions_per_item: int = 2
     seed: int = 0
 

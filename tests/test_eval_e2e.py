@@ -34,9 +34,10 @@ def test_memr1_eval_smoke(tmp_path):
     assert report["manager"]["turns_per_call"] == 3
     assert report["oracle"] is not None and 0.0 <= report["oracle"]["op_accuracy"] <= 1.0
     assert len(report["answers"]) == 4 and all(isinstance(a["prediction"], str) for a in report["answers"])
-    # each conversation's bank and its progress are cached for a resume
-    cached = list((tmp_path / "cache" / "banks").glob("*/synth-0-000[01]/facts.json"))
-    assert len(cached) == 2
+    # each conversation's extraction, bank and progress are cached for a resume
+    assert len(list((tmp_path / "cache" / "facts").glob("*/synth-0-000[01]/facts.json"))) == 2
+    assert len(list((tmp_path / "cache" / "banks").glob("*/synth-0-000[01]/bank/MANIFEST.json"))) == 2
+    assert report["models"]["extract"] == report["models"]["answer"] and report["weight_swaps"] == 0
     assert (run_dir / "eval" / "train.config.toml").is_file()
 
 
@@ -55,4 +56,4 @@ def test_eval_cli_reports_bad_input_without_loading_a_model(tmp_path, capsys):
     assert eval_cli(Namespace(config=smoke, checkpoint=None, split="val", overrides=[f"data.path={missing}"])) == 2
     assert "no such file" in capsys.readouterr().err
     assert eval_cli(Namespace(config=smoke, checkpoint=str(tmp_path), split="train", overrides=[])) == 2
-    assert "no config.json" in capsys.readouterr().err
+    assert "no config.json (HF checkpoint) or config.toml (run directory)" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from memr1.engine.generation.weights import ManifestStream, checkpoint_manifest
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.rl.losses import LossConfig
 
@@ -33,7 +34,13 @@ def _worker(rank, world, port, path, out):
     except ValueError as e:
         assert "world size 2" in str(e)
     losses = [learner.train_step(make_batch(seed=s))["loss"] for s in range(STEPS)]
-    exported = {k: v for bucket in learner.export_weights(bucket_bytes=1 << 16) for k, v in bucket}
+    # A generator streams the export against the manifest: full (global) shapes, known without gathering.
+    assert any(p.to_local().shape != p.shape for p in learner.policy.lm.parameters())  # really sharded
+    checked = ManifestStream((p for bucket in learner.export_weights(bucket_bytes=1 << 16) for p in bucket),
+                             learner.weight_manifest(), checkpoint_manifest(path))
+    exported = dict(checked)
+    checked.raise_if_broken()
+    assert list(learner.weight_manifest().items()) == [(k, tuple(v.shape)) for k, v in exported.items()]
     ckpt = learner.save_checkpoint(out, {"cursor": STEPS})
     learner.step = 0
     assert learner.load_checkpoint(ckpt) == {"cursor": STEPS} and learner.step == STEPS  # sharded load

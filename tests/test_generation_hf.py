@@ -60,7 +60,14 @@ def test_logprobs_match_fp32_recompute_with_left_padding(tiny):
     assert mean_abs_diff(ref, [c for row in out for c in row], 0.7) <= 1e-3
 
 
-def test_update_weights_then_logprobs_follow_new_weights(tiny):
+def fresh(named):
+    """A producer that makes each tensor on demand, as a sharded learner's export does."""
+    for name, p in named:
+        yield name, p.detach().clone()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_update_weights_then_logprobs_follow_new_weights(tiny, streamed):
     from transformers import AutoModelForCausalLM
 
     gen, folder = tiny
@@ -70,9 +77,14 @@ def test_update_weights_then_logprobs_follow_new_weights(tiny):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.5 * torch.randn_like(p))
-    gen.update_weights(new.named_parameters(), version=7)
+    if streamed:  # the manifest path must load exactly what the list path loads
+        manifest = {k: tuple(p.shape) for k, p in new.named_parameters()}
+        gen.update_weights(fresh(new.named_parameters()), version=7, manifest=manifest)
+    else:
+        gen.update_weights(new.named_parameters(), version=7)
     try:
-        assert gen.weight_version == 7
+        assert gen.weight_version == 7 and not gen.needs_weights
+        assert all(torch.equal(p, gen.model.state_dict()[k]) for k, p in new.state_dict().items())
         out = gen.generate([[1, 2, 3, 4]], 2, SamplingConfig(temperature=0.9, max_new_tokens=8, ignore_eos=True))
         flat = out[0]
         assert all(c.weight_version == 7 for c in flat)
@@ -80,6 +92,72 @@ def test_update_weights_then_logprobs_follow_new_weights(tiny):
         assert mean_abs_diff(old, flat, 0.9) > 1e-2  # really the new weights, not the old ones
     finally:
         gen.update_weights(old.named_parameters(), version=0)
+
+
+def test_streamed_update_releases_each_tensor(tiny):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    gen, _ = tiny
+    named = [(k, v.clone()) for k, v in gen.model.named_parameters()]
+    refs, live = [], []
+
+    def producer():
+        for name, t in named:
+            live.append(sum(not r.expired() for r in refs))  # memory still held, aliases included
+            t = t.clone()
+            refs.append(StorageWeakRef(t.untyped_storage()))
+            yield name, t
+
+    gen.update_weights(producer(), version=0, manifest=gen.named_shapes())
+    assert len(refs) == len(named) > 10 and max(live) <= 1  # copied in, then dropped
+
+
+def test_bad_manifest_loads_and_draws_nothing(tiny):
+    gen, _ = tiny
+    before = {k: v.clone() for k, v in gen.model.state_dict().items()}
+    shapes = gen.named_shapes()
+    drawn = []
+
+    def producer():
+        for k, v in before.items():
+            drawn.append(k)
+            yield k, v + 1.0
+
+    first = next(iter(shapes))
+    cases = {
+        "shape": {**shapes, first: (3,)},
+        "no such weight": {**shapes, "model.layers.9.mlp.up_proj.weight": (3,)},
+        "misses": {k: v for k, v in shapes.items() if k != first},
+    }
+    for word, manifest in cases.items():
+        with pytest.raises(ValueError, match=f"nothing was loaded.*{word}"):
+            gen.update_weights(producer(), version=99, manifest=manifest)
+        assert drawn == [] and gen.weight_version == 0 and not gen.needs_weights
+        assert all(torch.equal(before[k], v) for k, v in gen.model.state_dict().items()), word
+
+
+@pytest.mark.parametrize("break_at, word", [(5, "shape"), (None, "ended without")])
+def test_stream_breaking_its_manifest_blocks_generation_until_a_full_update(tiny, break_at, word):
+    gen, _ = tiny
+    good = [(k, v.clone()) for k, v in gen.model.named_parameters()]
+    bad = [(k, v + 1.0) for k, v in good]
+    if break_at is None:  # the producer stops early: the tail never arrives
+        bad = bad[:len(bad) // 2]
+    else:
+        bad[break_at] = (bad[break_at][0], torch.zeros(3))
+    with pytest.raises(ValueError, match=f"broke its manifest.*{word}"):
+        gen.update_weights(iter(bad), version=5, manifest=gen.named_shapes())
+    assert gen.needs_weights and gen.weight_version == 0
+    assert torch.equal(gen.model.get_parameter(good[0][0]), bad[0][1])  # it was partly loaded
+    with pytest.raises(RuntimeError, match="update_weights"):
+        gen.generate([[1, 2, 3]], 1, SamplingConfig(max_new_tokens=2))
+    with pytest.raises(ValueError, match="missing"):  # a refused set leaves the flag set
+        gen.update_weights(good[1:], version=6)
+    assert gen.needs_weights
+    gen.update_weights(good, version=0)
+    assert not gen.needs_weights
+    assert all(torch.equal(gen.model.get_parameter(k), v) for k, v in good)
+    gen.generate([[1, 2, 3]], 1, SamplingConfig(max_new_tokens=2))
 
 
 def test_bad_weight_sets_load_nothing(tiny):
@@ -171,18 +249,6 @@ def test_real_model_answers_and_stops():
     s = gen.generate(q, 1, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[" Paris"]))[0][0]
     assert s.text == "The capital of France is" and s.finish_reason == "stop"
     assert s.token_ids == c.token_ids[:len(s.token_ids)] and len(s.token_ids) < len(c.token_ids)
-
-
-def test_buckets_are_bounded_and_complete():
-    from memr1.engine.generation.weights import buckets, stream
-
-    tensors = [(f"w{i}", torch.ones(256, 1024)) for i in range(10)]  # 1 MiB each in fp32
-    got = list(buckets(tensors, 3, torch.device("cpu"), torch.float32))
-    assert [len(b) for b in got] == [3, 3, 3, 1]
-    assert got[0][0][1].data_ptr() == tensors[0][1].data_ptr()  # same device and dtype: no copy
-    halves = list(buckets(tensors, 3, torch.device("cpu"), torch.bfloat16))
-    assert [len(b) for b in halves] == [6, 4] and halves[0][0][1].dtype == torch.bfloat16
-    assert [n for n, _ in stream(tensors, 3, torch.device("cpu"), torch.float32)] == [n for n, _ in tensors]
 
 
 def test_checkpoint_manifest_reads_headers(tiny):

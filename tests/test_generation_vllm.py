@@ -3,6 +3,7 @@ answers, logprob fidelity, in-place weight updates (all or nothing), bad input, 
 import msgspec
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 pytest.importorskip("vllm")
 
@@ -71,6 +72,17 @@ def test_samples_and_logprobs_of_the_sampled_distribution(gen, ref):
     assert mean_abs_diff(ref, flat, 0.7) <= 1e-3
 
 
+def fresh(weights: dict, refs: list, live: list):
+    """Make each tensor on demand (as a sharded learner's export does), tracked by a weak reference to
+    its storage (views and detached aliases share it): live[i] is how many earlier tensors' memory
+    was still held when tensor i was asked for."""
+    for name, v in weights.items():
+        live.append(sum(not r.expired() for r in refs))
+        t = v.clone()
+        refs.append(StorageWeakRef(t.untyped_storage()))
+        yield name, t
+
+
 def test_update_weights_in_place_then_restore(gen, weights, ref):
     from transformers import AutoModelForCausalLM
 
@@ -78,16 +90,29 @@ def test_update_weights_in_place_then_restore(gen, weights, ref):
     noisy = {k: v + 0.02 * torch.randn_like(v) for k, v in weights.items()}
     new = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
     new.load_state_dict(noisy, strict=False)
-    gen.update_weights(noisy.items(), version=3)
+    manifest = {k: tuple(v.shape) for k, v in noisy.items()}
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6, ignore_eos=True, seed=7)
+    refs, live = [], []
+    gen.cfg = msgspec.structs.replace(gen.cfg, weight_bucket_mb=1)  # about one tensor per bucket
     try:
-        assert gen.weight_version == 3
-        out = gen.generate(QUESTION, 2, SamplingConfig(temperature=1.0, max_new_tokens=6, ignore_eos=True))
-        assert all(c.weight_version == 3 for c in out[0])
-        assert mean_abs_diff(new, out[0], 1.0) <= 1e-3
-        assert mean_abs_diff(ref, out[0], 1.0) > 1e-2  # the engine really runs the new weights
+        gen.update_weights(fresh(noisy, refs, live), version=3, manifest=manifest)
+    finally:
+        gen.cfg = msgspec.structs.replace(gen.cfg, weight_bucket_mb=256)
+    try:
+        # Streamed: vLLM's layerwise reload keeps at most a layer's few tensors, never the model.
+        assert len(refs) == len(noisy) > 200 and max(live) <= 8
+        assert gen.weight_version == 3 and not gen.needs_weights
+        streamed = gen.generate(QUESTION, 2, sampling)[0]
+        assert all(c.weight_version == 3 for c in streamed)
+        assert mean_abs_diff(new, streamed, 1.0) <= 1e-3
+        assert mean_abs_diff(ref, streamed, 1.0) > 1e-2  # the engine really runs the new weights
+        gen.update_weights(noisy.items(), version=4)  # the list path loads the very same weights
+        listed = gen.generate(QUESTION, 2, sampling)[0]
+        assert [c.token_ids for c in listed] == [c.token_ids for c in streamed]
+        assert [c.logprobs for c in listed] == [c.logprobs for c in streamed]
     finally:  # restore, also passing the tied lm_head alias that an HF state_dict carries
-        gen.update_weights(list(weights.items()) + [("lm_head.weight", weights["model.embed_tokens.weight"])], 4)
-    assert gen.weight_version == 4 and answer(gen) == "The capital of France is Paris."
+        gen.update_weights(list(weights.items()) + [("lm_head.weight", weights["model.embed_tokens.weight"])], 5)
+    assert gen.weight_version == 5 and answer(gen) == "The capital of France is Paris."
 
 
 def test_bad_weight_sets_load_nothing(gen, weights):
@@ -103,6 +128,40 @@ def test_bad_weight_sets_load_nothing(gen, weights):
             gen.update_weights(tensors, version=99)
         assert gen.weight_version == version
     assert answer(gen) == "The capital of France is Paris."
+
+
+def test_bad_manifest_loads_and_draws_nothing(gen, weights):
+    version, shapes, drawn = gen.weight_version, {k: tuple(v.shape) for k, v in weights.items()}, []
+
+    def producer():
+        for k, v in weights.items():
+            drawn.append(k)
+            yield k, v + 1.0
+
+    first = next(iter(shapes))
+    cases = {
+        "shape": {**shapes, first: (7,)},
+        "no such weight": {**shapes, "model.layers.30.mlp.up_proj.weight": (1,)},
+        "misses": {k: v for k, v in shapes.items() if k != first},
+    }
+    for word, manifest in cases.items():
+        with pytest.raises(ValueError, match=f"nothing was loaded.*{word}"):
+            gen.update_weights(producer(), version=99, manifest=manifest)
+        assert drawn == [] and gen.weight_version == version and not gen.needs_weights
+    assert answer(gen) == "The capital of France is Paris."
+
+
+def test_stream_breaking_its_manifest_blocks_generation_until_a_full_update(gen, weights):
+    version, shapes = gen.weight_version, {k: tuple(v.shape) for k, v in weights.items()}
+    bad = [(k, v + 1.0) for k, v in weights.items()]
+    bad[40] = (bad[40][0], torch.zeros(7))  # a producer bug 40 tensors in
+    with pytest.raises(ValueError, match="broke its manifest.*shape.*40 tensors were already loaded"):
+        gen.update_weights(iter(bad), version=99, manifest=shapes)
+    assert gen.needs_weights and gen.weight_version == version
+    with pytest.raises(RuntimeError, match="update_weights"):
+        gen.generate(QUESTION, 1, GREEDY)  # the model is a mix of two weight sets
+    gen.update_weights(weights.items(), version=version + 1)
+    assert not gen.needs_weights and answer(gen) == "The capital of France is Paris."
 
 
 @pytest.mark.parametrize("prompts, n, match", [

@@ -52,7 +52,7 @@ def weights(learner):
 
 
 def test_logprobs_match_full_logits(tiny):
-    from memr1.engine.dist import build_micro
+    from memr1.engine.batching import build_micro
     from transformers import AutoModelForCausalLM
     learner = Learner(LearnerConfig(model_path=tiny, temperature=0.7))
     batch = make_batch()
@@ -70,7 +70,7 @@ def test_logprobs_match_full_logits(tiny):
 
 
 def test_shared_prefix_rows_equal_separate_sequences(tiny):
-    from memr1.engine.dist import build_micro, prefix_groups
+    from memr1.engine.batching import build_micro, prefix_groups
     learner = Learner(LearnerConfig(model_path=tiny))
     batch = make_group_batch()
     seqs = list(range(8))
@@ -93,7 +93,7 @@ def test_micro_batches_and_padding_equal_one_full_batch(tiny, variant):
     split = Learner(LearnerConfig(**base, **variant))
     batch = make_batch()
     if "micro_batch_tokens" in variant:
-        from memr1.engine.dist import split_parts
+        from memr1.engine.batching import split_parts
         assert len(split_parts(batch, 8, 0, 1, 30, False, True)) == 4
     m_full, m_split = full.train_step(batch), split.train_step(batch)
     assert m_full["loss"] == pytest.approx(m_split["loss"], abs=1e-6)
@@ -176,3 +176,5 @@ def test_export_weights_buckets_with_hf_names(tiny):
     on_disk = load_file(f"{tiny}/model.safetensors")
     assert set(exported) == set(on_disk)  # tied lm_head appears once, as HF saves it
     assert all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
+    # The manifest names exactly what the export yields, in the same order, without exporting.
+    assert list(learner.weight_manifest().items()) == [(k, tuple(v.shape)) for k, v in exported.items()]

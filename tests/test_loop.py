@@ -14,8 +14,8 @@ class FakeGenerator:
         self.weight_version = 0
         self.updates = []
 
-    def update_weights(self, named, version):
-        assert [n for n, _ in named] == ["w"]
+    def update_weights(self, named, version, manifest=None):
+        assert manifest == {"w": (1,)} and [n for n, _ in named] == ["w"]
         self.updates.append(version)
         self.weight_version = version
 
@@ -46,6 +46,9 @@ class FakeLearner:
 
     def export_weights(self, bucket_bytes):
         yield [("w", None)]
+
+    def weight_manifest(self):
+        return {"w": (1,)}
 
 
 def run(k, steps=8, gen_s=0.02, train_s=0.02, **kw):

@@ -1,11 +1,13 @@
 """`memr1 train` end to end on a tiny random model: run directory, both stages, resume, dry run."""
 import json
+from pathlib import Path
 
 import pytest
 
 from memr1.engine.config import load_config
 from memr1.engine.plan import plan_text
-from memr1.engine.train import latest_checkpoint, train
+from memr1.engine.checkpoint import latest_checkpoint
+from memr1.engine.train import train
 from tiny_model import tiny_llama
 
 
@@ -39,6 +41,26 @@ def test_both_stages_write_the_run_directory_and_resume(model, tmp_path):
     train(more)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["stage"], r["step"]) for r in rows][4:] == [("manager", 3), ("answer", 3)]
+
+
+def test_stage2_banks_from_the_trained_manager_then_eval_base_and_trained(model, tmp_path):
+    run = tmp_path / "run"
+    cfg = load_config(None, overrides(model, run, 1) + [
+        'eval_after=["base", "trained"]', "eval_split=train", f"eval.cache_dir={tmp_path / 'cache'}",
+        "eval.max_turns=6", "eval.max_questions=1", "eval.extract_max_new_tokens=8",
+        "eval.manager_max_new_tokens=8", "eval.answer_max_new_tokens=4", "eval.judge=off", "eval.progress=false"])
+    out = train(cfg)
+    # Stage 2 trained on banks built by stage 1's final checkpoint, cached in the run.
+    assert list((run / "answer" / "banks").glob("*/*/bank/MANIFEST.json"))
+    base, trained = (json.loads(Path(out["evals"][w]).read_text()) for w in ("base", "trained"))
+    assert Path(out["evals"]["base"]).name == "train.base.json" and base["baseline"] == "base"
+    assert trained["baseline"] == "memr1"
+    assert "manager/checkpoints/step_1" in trained["models"]["manager"]
+    assert "answer/checkpoints/step_1" in trained["models"]["answer"]
+    assert set(base["models"].values()) == {trained["models"]["extract"]} == {trained["models"]["judge"]}
+    # The trained eval reuses the base eval's extraction: both extract with the base model.
+    assert trained["facts_cache"] == base["facts_cache"] and trained["bank_cache"] != base["bank_cache"]
+    assert base["n_questions"] == trained["n_questions"] > 0
 
 
 def test_dry_run_catches_what_cannot_fit(model, tmp_path):

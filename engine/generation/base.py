@@ -48,12 +48,26 @@ class Generator(Protocol):
     def generate(self, prompts: list[list[int]] | list[list[dict]], n: int,
                  sampling: SamplingConfig) -> list[list[Completion]]: ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
+        """Load a complete weight set in place and set weight_version; a bad set raises ValueError.
+
+        Without `manifest` every (name, tensor) is collected and checked before the first load, so a
+        bad set loads nothing, but references to ALL tensors are held at once. With `manifest`
+        (name -> full shape, e.g. `Learner.weight_manifest()`) the manifest is checked first (a bad one
+        loads nothing and draws nothing), then the tensors are streamed in buckets and each is released
+        once loaded: callers streaming from a sharded learner must pass it. A stream that breaks its
+        manifest part-way raises and leaves the generator refusing to generate until a complete
+        update succeeds."""
+        ...
 
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
 
+
+NEEDS_WEIGHTS = ("the model holds no complete weights (sleep level 2 dropped them, or an update_weights stream "
+                 "broke part-way); call update_weights() with the full model first")
 
 BACKENDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from memr1.engine.generation.base import (Completion, GeneratorConfig, SamplingConfig, check_sampling,
-                                          cut_at_stop, tokenize_prompts)
-from memr1.engine.generation.weights import check_named_tensors
+from memr1.engine.generation.base import (NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig,
+                                          check_sampling, cut_at_stop, tokenize_prompts)
+from memr1.engine.generation.weights import ManifestStream, check_named_tensors
 
 DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,6 +29,7 @@ class HFGenerator:
         self.eos_ids = self.stop_token_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.weight_version = 0
+        self.needs_weights = False  # set by an update_weights stream that broke part-way
 
     def stop_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -40,6 +41,7 @@ class HFGenerator:
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         from transformers import GenerationConfig
 
+        self.check_ready("generate")
         check_sampling(sampling, n, self.cfg.max_model_len)
         ids = tokenize_prompts(prompts, self.tokenizer, self.vocab_size, self.cfg.max_model_len,
                                sampling.max_new_tokens, self.cfg.truncate_prompts)
@@ -91,11 +93,28 @@ class HFGenerator:
         return {k: tuple(p.shape) for k, p in self.model.named_parameters()}
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
+        """See Generator.update_weights. Pass `manifest` when the tensors are made on demand (an FSDP
+        learner's export): without it every tensor is referenced at once before loading."""
+        expected = self.named_shapes()
+        if manifest is None:
+            tensors = check_named_tensors(named_tensors, expected)
+        else:
+            tensors = ManifestStream(named_tensors, manifest, expected)  # a bad manifest raises here
         params = dict(self.model.named_parameters())
-        for name, t in check_named_tensors(named_tensors, self.named_shapes()):
+        self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
+        for name, t in tensors:
             params[name].copy_(t)  # copy_ casts dtype and device per tensor: no second full copy
+            del t
+        if manifest is not None:
+            tensors.raise_if_broken()
         self.weight_version = int(version)
+        self.needs_weights = False
+
+    def check_ready(self, what: str) -> None:
+        if self.needs_weights:
+            raise RuntimeError(f"{what} refused: {NEEDS_WEIGHTS}")
 
     def sleep(self) -> None:
         """No-op: the reference backend keeps its weights where they are."""

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from memr1.engine.generation.base import Completion, GeneratorConfig, SamplingConfig, check_sampling, \
-    tokenize_prompts
-from memr1.engine.generation.weights import check_named_tensors, checkpoint_manifest, stream
+from memr1.engine.generation.base import NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, \
+    check_sampling, tokenize_prompts
+from memr1.engine.generation.weights import ManifestStream, check_named_tensors, checkpoint_manifest, stream
 
 
 def setup_env(cache_dir: Path) -> None:
@@ -76,7 +76,7 @@ class VLLMGenerator:
         self.expected = checkpoint_manifest(model_path)
         self.weight_version = 0
         self.asleep = False
-        self.needs_weights = False  # set by waking from sleep level 2, which dropped the weights
+        self.needs_weights = False  # set by waking from sleep level 2 (weights dropped) or a broken update
 
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -104,11 +104,17 @@ class VLLMGenerator:
             result.append(row)
         return result
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
+        """See Generator.update_weights. Pass `manifest` when the tensors are made on demand (an FSDP
+        learner's export): without it every tensor is referenced at once before loading."""
         if self.asleep:
             raise RuntimeError("update_weights called while asleep; call wake() first")
-        # Every name and shape is checked before the first tensor moves, so a bad set loads nothing.
-        tensors = check_named_tensors(named_tensors, self.expected)
+        # Both checks run before the first tensor moves, so a bad set (or manifest) loads nothing.
+        if manifest is None:
+            tensors = check_named_tensors(named_tensors, self.expected)
+        else:
+            tensors = ManifestStream(named_tensors, manifest, self.expected)
         device = torch.device("cuda" if self.on_gpu else "cpu")
         bucket_mb, dtype = self.cfg.weight_bucket_mb, self.model_dtype
 
@@ -118,8 +124,13 @@ class VLLMGenerator:
             if runner.model_config.hf_config.tie_word_embeddings:
                 repack_tied_head(runner.model)
 
-        self.llm.collective_rpc(reload)
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
+        try:
+            self.llm.collective_rpc(reload)
+        finally:
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        if manifest is not None:
+            tensors.raise_if_broken()
         self.weight_version = int(version)
         self.needs_weights = False
 
@@ -134,11 +145,10 @@ class VLLMGenerator:
         if self.on_gpu and self.asleep:
             self.llm.wake_up()
             self.asleep = False
-            self.needs_weights = self.cfg.sleep_level == 2
+            self.needs_weights = self.needs_weights or self.cfg.sleep_level == 2  # keep a broken update's flag
 
     def check_ready(self, what: str) -> None:
         if self.asleep:
             raise RuntimeError(f"{what} called while asleep; call wake() first")
         if self.needs_weights:
-            raise RuntimeError(f"{what} after waking from sleep level 2, which dropped the weights; "
-                               "call update_weights() with the full model first")
+            raise RuntimeError(f"{what} refused: {NEEDS_WEIGHTS}")

@@ -1,5 +1,13 @@
-"""Weight updates: check a whole named-tensor set against the model before touching anything, then
-move it in bounded buckets so the receiver never holds a second full copy of the model."""
+"""Weight updates: check a named-tensor set against the model before touching anything, then move it
+in bounded buckets so the receiver never holds a second full copy of the model.
+
+Two ways in:
+- A list (or any iterable) without a manifest: every reference is collected and checked before the
+  first load. Fine for tensors that already exist (a state_dict), but a producer that builds each
+  tensor on demand (an FSDP learner gathering full parameters) would be materialised whole.
+- A stream with a manifest (name -> full shape, known up front): the manifest is checked before the
+  first tensor is drawn, then each tensor is checked as it arrives and dropped once loaded.
+"""
 import json
 import struct
 from collections.abc import Iterable, Iterator
@@ -27,53 +35,150 @@ def checkpoint_manifest(model_dir: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def refused(problems: list[str]) -> ValueError:
+    shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+    return ValueError(f"update_weights refused, nothing was loaded: {shown}")
+
+
+def unpack(item) -> tuple[str, object]:
+    if not (isinstance(item, tuple) and len(item) == 2):
+        raise ValueError(f"update_weights wants (name, tensor) pairs, got {type(item).__name__}")
+    return item
+
+
+def shape_problem(name: str, shape: tuple[int, ...], expected: dict[str, tuple[int, ...]],
+                  aliases: dict[str, str]) -> str | None:
+    target = name if name in expected else aliases.get(name)
+    if target not in expected:
+        return f"{name}: no such weight in the model"
+    if shape != expected[target]:
+        return f"{name}: shape {shape} != model's {expected[target]}"
+    return None
+
+
+def tensor_problem(name: str, t, expected: dict[str, tuple[int, ...]], aliases: dict[str, str]) -> str | None:
+    if not isinstance(t, torch.Tensor):
+        return f"{name}: not a tensor ({type(t).__name__})"
+    problem = shape_problem(name, tuple(t.shape), expected, aliases)
+    if problem is None and not t.is_floating_point():
+        problem = f"{name}: dtype {t.dtype} is not floating point"
+    return problem
+
+
 def check_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]],
                         expected: dict[str, tuple[int, ...]],
                         aliases: dict[str, str] | None = None) -> list[tuple[str, torch.Tensor]]:
     """Return the tensors to load (aliases dropped) or raise ValueError naming every problem.
 
     An update must be complete: a missing name is an error, because a partial set would leave the
-    generator on a mix of two policies. Only references are collected here, no copies."""
+    generator on a mix of two policies. Only references are collected, no copies; but it holds a
+    reference to EVERY tensor at once, so a producer that makes tensors on demand (an FSDP learner
+    gathering full parameters) must be streamed with a manifest instead (ManifestStream)."""
     aliases = TIED_ALIASES if aliases is None else aliases
     problems, seen, keep = [], set(), []
     for item in named_tensors:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise ValueError(f"update_weights wants (name, tensor) pairs, got {type(item).__name__}")
-        name, t = item
-        if not isinstance(t, torch.Tensor):
-            problems.append(f"{name}: not a tensor ({type(t).__name__})")
-            continue
+        name, t = unpack(item)
         if name in seen:
             problems.append(f"{name}: given twice")
             continue
         seen.add(name)
-        target = name if name in expected else aliases.get(name)
-        if target not in expected:
-            problems.append(f"{name}: no such weight in the model")
-        elif tuple(t.shape) != expected[target]:
-            problems.append(f"{name}: shape {tuple(t.shape)} != model's {expected[target]}")
-        elif not t.is_floating_point():
-            problems.append(f"{name}: dtype {t.dtype} is not floating point")
-        elif name == target:
+        problem = tensor_problem(name, t, expected, aliases)
+        if problem:
+            problems.append(problem)
+        elif name in expected:
             keep.append((name, t))
     missing = sorted(set(expected) - seen)
     if missing:
         problems.append(f"missing {len(missing)} weights, e.g. {missing[:3]}")
     if problems:
-        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
-        raise ValueError(f"update_weights refused, nothing was loaded: {shown}")
+        raise refused(problems)
     return keep
 
 
-def buckets(named_tensors: list[tuple[str, torch.Tensor]], bucket_mb: int, device: torch.device,
+def check_manifest(manifest: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+                   aliases: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """The manifest with tuple shapes, or ValueError under the same rules as check_named_tensors."""
+    if not isinstance(manifest, dict):
+        raise ValueError(f"update_weights manifest must be a dict name -> shape, got {type(manifest).__name__}")
+    shapes = {name: tuple(int(d) for d in shape) for name, shape in manifest.items()}
+    problems = [p for name, shape in shapes.items() if (p := shape_problem(name, shape, expected, aliases))]
+    missing = sorted(set(expected) - set(shapes))
+    if missing:
+        problems.append(f"manifest misses {len(missing)} weights, e.g. {missing[:3]}")
+    if problems:
+        raise refused(problems)
+    return shapes
+
+
+class ManifestStream:
+    """A lazy named-tensor stream checked against its manifest.
+
+    The manifest is checked against the model on construction, before anything is drawn, so a bad
+    one raises and loads nothing. Then each tensor is checked as it arrives; aliases are dropped.
+    A stream that breaks its manifest half-way has already been partly loaded, which cannot be
+    undone: iteration just ends and the problem is kept for `raise_if_broken()`. Ending (rather than
+    raising into the loader) lets the receiver finish its load cleanly; vLLM's layerwise reload in
+    particular is left half-initialised by an exception. The caller must then refuse to generate
+    until a complete update succeeds. No tensor is referenced after it has been handed on."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], manifest: dict[str, tuple[int, ...]],
+                 expected: dict[str, tuple[int, ...]], aliases: dict[str, str] | None = None):
+        self.aliases = TIED_ALIASES if aliases is None else aliases
+        self.manifest = check_manifest(manifest, expected, self.aliases)
+        self.expected = expected
+        self.source = named_tensors
+        self.loaded = 0
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        seen = set()
+        try:
+            for item in self.source:
+                name, t = unpack(item)
+                if name in seen:
+                    problem = f"{name}: given twice"
+                elif name not in self.manifest:
+                    problem = f"{name}: not in the manifest"
+                else:  # known names only, so no aliases: the manifest already resolved them
+                    problem = tensor_problem(name, t, self.manifest, {})
+                if problem:
+                    self.fail(problem)
+                    return
+                seen.add(name)
+                if name in self.expected:
+                    self.loaded += 1
+                    yield name, t
+                del item, t
+        except Exception as e:  # the producer itself failed (or sent a non-pair): end, report later
+            e.add_note(self.partial_note())
+            self.error = e
+            return
+        missing = sorted(set(self.manifest) - seen)
+        if missing:
+            self.fail(f"stream ended without {len(missing)} manifest weights, e.g. {missing[:3]}")
+
+    def fail(self, problem: str) -> None:
+        self.error = ValueError(f"update_weights stream broke its manifest: {problem}. {self.partial_note()}")
+
+    def partial_note(self) -> str:
+        return (f"{self.loaded} tensors were already loaded, so the generator holds a partly updated model "
+                "and refuses to generate until a complete update_weights succeeds")
+
+    def raise_if_broken(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: int, device: torch.device,
             dtype: torch.dtype) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Yield lists of tensors moved to the receiver's device and dtype, about bucket_mb at a time.
-    A tensor already there is passed through without a copy."""
+    A tensor already there is passed through without a copy. Draws from `named_tensors` lazily."""
     limit = bucket_mb * 2**20
     bucket, size = [], 0
     for name, t in named_tensors:
         bucket.append((name, t.detach().to(device=device, dtype=dtype).contiguous()))
         size += t.numel() * dtype.itemsize
+        del t  # the source tensor (e.g. a freshly gathered fp32 one) is not needed once converted
         if size >= limit:
             yield bucket
             bucket, size = [], 0
@@ -81,7 +186,7 @@ def buckets(named_tensors: list[tuple[str, torch.Tensor]], bucket_mb: int, devic
         yield bucket
 
 
-def stream(named_tensors: list[tuple[str, torch.Tensor]], bucket_mb: int, device: torch.device,
+def stream(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: int, device: torch.device,
            dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """The buckets flattened into one iterator; each bucket is dropped once consumed."""
     for bucket in buckets(named_tensors, bucket_mb, device, dtype):
