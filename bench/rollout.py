@@ -1,6 +1,6 @@
 """Rollout throughput and weight-update cost of the generation backends.
 
-    python -m memr1.bench.rollout [--quick] [--backends hf,vllm] --json PATH
+    python -m memr1.bench.rollout [--quick] [--backends hf,vllm] [--compile] --json PATH
 
 Generation rows: sampled (T=1.0) with logprobs and ignore_eos, at batches 1, 8, 32 (prompts x n),
 each with the mean |logprob - fp32 recomputation| over its tokens. Update rows: a full-model
@@ -62,10 +62,12 @@ def bench_update(gen, backend: str, reps: int) -> dict:
     torch.manual_seed(0)
     noisy = [(k, v + 1e-3 * torch.randn_like(v)) for k, v in base.items()]
     floor = [torch.empty_like(v) for _, v in noisy]
+    manifest = {k: tuple(v.shape) for k, v in base.items()}
     update, copy = [], []
     for r in range(reps):
         t = time.perf_counter()
-        gen.update_weights(noisy if r % 2 == 0 else list(base.items()), version=r + 1)
+        # The loop's path: a stream checked against its manifest, each tensor dropped once loaded.
+        gen.update_weights(iter(noisy if r % 2 == 0 else list(base.items())), version=r + 1, manifest=manifest)
         update.append(time.perf_counter() - t)
         t = time.perf_counter()
         for dst, (_, src) in zip(floor, noisy):
@@ -81,6 +83,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="16 new tokens, one repetition")
     p.add_argument("--backends", default="hf,vllm")
+    p.add_argument("--compile", action="store_true",
+                   help="vLLM with torch.compile (enforce_eager=False): slower start, faster decode on GPU")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     new_tokens, reps = (16, 1) if args.quick else (64, 2)
@@ -91,7 +95,7 @@ def main(argv=None) -> int:
     rows = []
     for backend in [b for b in ("hf", "vllm") if b in args.backends.split(",")]:
         print(f"{backend}: loading", flush=True)
-        gen = make_generator(GeneratorConfig(backend=backend, max_model_len=2048))
+        gen = make_generator(GeneratorConfig(backend=backend, max_model_len=2048, enforce_eager=not args.compile))
         rows += bench_generation(gen, ref, backend, new_tokens, reps)
         rows.append(bench_update(gen, backend, 3 if args.quick else 5))
         del gen

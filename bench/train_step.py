@@ -4,7 +4,8 @@
 
 Both trainers get identical tensors: G groups x 4 completions of (prompt + response) random tokens (the 4
 completions of a group share their prompt, as in GRPO), fixed 0/1 rewards, the same group advantages, the
-same micro-batch size in tokens (MICRO sequences' worth per backward; memr1 counts a shared prompt once), token-mean
+same micro-batch size in tokens (MICRO sequences' worth per backward; memr1 counts a shared prompt once),
+activation checkpointing on in both (each trainer's default; --no-activation-checkpointing turns it off in both), token-mean
 loss over the whole batch ("dapo" in TRL), beta 0, lr 1e-6, grad clip 1, fp32, sdpa attention. Each trainer
 runs in its own subprocess so that its peak RSS is its own. TRL's loss path is timed the way its
 trainer runs it: `compute_loss` per micro-batch, `accelerator.backward`, clip, the trainer's optimizer.
@@ -55,11 +56,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def run_memr1(model: str, ids, adv, prompt: int, steps: int):
+def run_memr1(model: str, ids, adv, prompt: int, steps: int, checkpointing: bool):
     from memr1.engine.learner import Learner, LearnerConfig, TrainBatch
     from memr1.rl.losses import LossConfig
     learner = Learner(LearnerConfig(model_path=model, lr=1e-6, grad_clip=1.0, micro_batch_tokens=MICRO * ids.shape[1],
-                                    loss=LossConfig(aggregation="token-mean")))
+                                    loss=LossConfig(aggregation="token-mean"), activation_checkpointing=checkpointing))
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[:, prompt:] = True
     batch = TrainBatch(list(ids), list(mask), advantages=adv)
@@ -115,7 +116,7 @@ def prompt_dataset(n: int, stubbed: list[str]):
     return Rows()
 
 
-def run_trl(model: str, ids, adv, prompt: int, steps: int):
+def run_trl(model: str, ids, adv, prompt: int, steps: int, checkpointing: bool):
     stubbed = stub_missing_trl_imports()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -123,7 +124,7 @@ def run_trl(model: str, ids, adv, prompt: int, steps: int):
     accum = n // MICRO
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa")
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), use_cpu=True, bf16=False, fp16=False,
-                      gradient_checkpointing=False, num_generations=GROUP, per_device_train_batch_size=MICRO,
+                      gradient_checkpointing=checkpointing, num_generations=GROUP, per_device_train_batch_size=MICRO,
                       gradient_accumulation_steps=accum, beta=0.0, loss_type="dapo", learning_rate=1e-6,
                       max_grad_norm=1.0, max_completion_length=ids.shape[1] - prompt, report_to=[],
                       lr_scheduler_type="constant", logging_steps=1_000_000)
@@ -131,6 +132,8 @@ def run_trl(model: str, ids, adv, prompt: int, steps: int):
                           args=args, train_dataset=prompt_dataset(n, stubbed),
                           processing_class=AutoTokenizer.from_pretrained(model))
     trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
+    if checkpointing:  # Trainer.train() turns this on; the timed path calls the loss directly, so do it here
+        trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = accum
     num_items = torch.tensor(float(n * (ids.shape[1] - prompt)))
@@ -160,13 +163,14 @@ def worker(args):
     ids, adv = fixed_batch(s["groups"], s["prompt"], s["response"], vocab)
     stubbed = []
     if args.worker == "memr1":
-        times = run_memr1(args.model, ids, adv, s["prompt"], s["steps"])
+        times = run_memr1(args.model, ids, adv, s["prompt"], s["steps"], args.activation_checkpointing)
     else:
-        times, stubbed = run_trl(args.model, ids, adv, s["prompt"], s["steps"])
+        times, stubbed = run_trl(args.model, ids, adv, s["prompt"], s["steps"], args.activation_checkpointing)
     step_s = statistics.median(t for t, _ in times)
     # CPU seconds of the process per step: on a shared machine this moves far less than wall time.
     cpu_s = statistics.median(c for _, c in times)
-    row = {"trainer": args.worker, "algo": "grpo", "tokens_per_s": ids.numel() / step_s, "step_s": step_s,
+    row = {"trainer": args.worker, "algo": "grpo", "activation_checkpointing": args.activation_checkpointing,
+           "tokens_per_s": ids.numel() / step_s, "step_s": step_s,
            "cpu_s": cpu_s, "tokens_per_cpu_s": ids.numel() / cpu_s,
            "peak_rss_mb": peak_rss_mb(), "sequences": ids.shape[0], "tokens": ids.numel(), "steps_timed": len(times)}
     with open(args.out, "w") as f:
@@ -179,6 +183,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--model", default=None, help="HF checkpoint folder (default: the converted SmolLM2)")
     ap.add_argument("--trainers", default="memr1,trl")
+    ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                    help="recompute blocks in backward, in both trainers (the default of both)")
     ap.add_argument("--worker", choices=["memr1", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -191,7 +197,8 @@ def main():
     for trainer in args.trainers.split(","):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             cmd = [sys.executable, "-m", "memr1.bench.train_step", "--worker", trainer, "--model", args.model,
-                   "--out", out.name] + (["--quick"] if args.quick else [])
+                   "--out", out.name] + (["--quick"] if args.quick else []) + \
+                  ([] if args.activation_checkpointing else ["--no-activation-checkpointing"])
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                                        "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_OFFLINE": "1"})
             if proc.returncode != 0:

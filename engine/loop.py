@@ -8,6 +8,12 @@ nothing is generated that would have to be thrown away. max_staleness = 0 is syn
 
 The loop knows nothing of Memory-R1: a Stage turns a step number into a TrainBatch (prompts ->
 completions -> rewards), and the learner trains on it.
+
+Data parallel (torchrun): each rank runs its own producer on its share of the step's prompts, and
+`gather` (engine/dist.py) turns the ranks' items into one global item. It runs in this (the learner)
+thread, so every collective (gather, FSDP step, weight export, checkpoint) is issued from one thread in
+the same order on all ranks. Because the gather also carries each rank's stop request and failure, all
+ranks agree on what to do with a step: train it, skip it, stop, or raise.
 """
 import queue
 import signal
@@ -28,6 +34,10 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_skipped: int = 8            # with "skip": stop once this many rollouts failed
     checkpoint_every: int = 0       # 0: only at the end and on SIGINT/SIGTERM
     weight_bucket_mb: int = 256
+    # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
+    # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
+    # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
+    sleep_while_training: bool = False
 
 
 class Stage(Protocol):
@@ -54,8 +64,20 @@ class Rollout:
 @dataclass
 class RolloutFailure:
     step: int
-    error: BaseException
+    error: BaseException | None     # None once it has crossed ranks (exceptions may not pickle)
     trace: str
+    what: str = ""                  # "ValueError: ...": what the message shows, also from another rank
+    rank: int | None = None         # the rank it failed on, under data parallelism
+    fatal: bool = False             # the producer itself died: stop even with on_rollout_error="skip"
+
+    def __post_init__(self):
+        if not self.what and self.error is not None:
+            self.what = f"{type(self.error).__name__}: {self.error}"
+
+
+def no_gather(item):
+    """World 1: this rank's item is the step's item (None: a stop was requested)."""
+    return item
 
 
 class RolloutError(RuntimeError):
@@ -65,28 +87,34 @@ class RolloutError(RuntimeError):
 class Loop:
     def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig,
                  on_step: Callable[[dict], None] = lambda m: None,
-                 save_checkpoint: Callable[[int], None] = lambda step: None):
+                 save_checkpoint: Callable[[int], None] = lambda step: None,
+                 gather: Callable[[Any], Any] = no_gather):
         if cfg.sync_every < 1 or cfg.max_staleness < 0:
             raise ValueError("loop.sync_every must be >= 1 and loop.max_staleness >= 0")
+        if cfg.sleep_while_training and cfg.max_staleness != 0:
+            raise ValueError("loop.sleep_while_training needs loop.max_staleness = 0: a sleeping generator "
+                             "cannot produce the next rollout while the learner trains")
         if cfg.max_staleness < cfg.sync_every - 1:
             raise ValueError(f"loop.sync_every={cfg.sync_every} needs loop.max_staleness >= {cfg.sync_every - 1}: "
                              f"rollouts are sampled with weights up to sync_every-1 versions old")
         self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
-        self.on_step, self.save_checkpoint = on_step, save_checkpoint
+        self.on_step, self.save_checkpoint, self.gather = on_step, save_checkpoint, gather
         self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
         self.gen_lock = threading.Lock()       # generation and weight loading never overlap
         self.cond = threading.Condition()      # signals a new generator weight version / a stop
         self.stop_requested = False
         self.stats = {"skipped": 0, "too_stale": 0}
+        self.skipped = 0                       # steps skipped by agreement, for the producer's capacity
 
     # ---- producer thread ----
     def _produce(self, start: int, end: int, start_version: int) -> None:
         failed = 0
         for step in range(start, end):
-            consumer_version = start_version + (step - start) - failed
+            # Skipped steps train nothing: this rank's failures count at once, another rank's once the
+            # learner has agreed to skip that step (it notifies).
             with self.cond:  # capacity: wait for weights recent enough for the step that consumes this
-                self.cond.wait_for(lambda: self.stop_requested or
-                                   self.generator.weight_version >= consumer_version - self.cfg.max_staleness)
+                self.cond.wait_for(lambda: self.stop_requested or self.generator.weight_version >= start_version
+                                   + (step - start) - max(failed, self.skipped) - self.cfg.max_staleness)
                 if self.stop_requested:
                     return
             try:
@@ -114,11 +142,12 @@ class Loop:
         producer.start()
         step, last = start_step, {}
         try:
-            while step < end and not self.stop_requested:
+            while step < end:
                 t0 = time.perf_counter()
-                item = self._next_item(producer)
+                # Every rank reaches the gather each step, so a stop or failure on one reaches all.
+                item = self.gather(self._next_item(producer, step))
                 idle_s = time.perf_counter() - t0
-                if item is None:  # stop requested while waiting
+                if item is None:  # a stop was requested (on some rank)
                     break
                 step += 1
                 if isinstance(item, RolloutFailure):
@@ -129,15 +158,18 @@ class Loop:
                     self.stats["too_stale"] += 1
                     raise RuntimeError(f"rollout of step {step} is {staleness} versions stale "
                                        f"(bound {self.cfg.max_staleness})")
+                sleep_s = self._set_awake(False)
                 t1 = time.perf_counter()
                 train = self.learner.train_step(item.batch)
                 train_s = time.perf_counter() - t1
+                sleep_s += self._set_awake(True)
                 version += 1
                 due = version % self.cfg.sync_every == 0 or step == end
                 sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
                 last = {**item.metrics, **train,  # the loop's own keys win over the learner's counters
                         "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
                         "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
+                        "sleep_s": sleep_s,
                         "step_s": time.perf_counter() - t0}
                 self.on_step(last)
                 if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
@@ -151,26 +183,39 @@ class Loop:
         self.save_checkpoint(step)
         return {"steps_done": step, "weight_version": version, "last": last, **self.stats}
 
-    def _next_item(self, producer: threading.Thread):
-        while True:
+    def _next_item(self, producer: threading.Thread, step: int):
+        """This rank's rollout of `step`, a RolloutFailure, or None once a stop is requested."""
+        while not self.stop_requested:
             try:
                 return self.queue.get(timeout=0.5)
             except queue.Empty:
-                if not producer.is_alive() and self.queue.empty():
-                    raise RolloutError("the rollout producer stopped without producing the next step")
-                if self.stop_requested:
-                    return None
+                if not producer.is_alive() and self.queue.empty():  # a failure, so the other ranks learn of it
+                    err = RolloutError("the rollout producer stopped without producing the next step")
+                    return RolloutFailure(step, err, "", fatal=True)
+        return None
 
     def _handle_failure(self, f: RolloutFailure) -> None:
-        if self.cfg.on_rollout_error == "stop":
-            raise RolloutError(f"rollout for step {f.step} failed with {type(f.error).__name__}: {f.error}\n"
+        where = "" if f.rank is None else f" on rank {f.rank}"
+        if self.cfg.on_rollout_error == "stop" or f.fatal:
+            raise RolloutError(f"rollout for step {f.step} failed{where} with {f.what}\n"
                                f"--- producer traceback ---\n{f.trace}") from f.error
         self.stats["skipped"] += 1
-        self.on_step({"step": f.step + 1, "stage": self.stage.name, "skipped": True,
-                      "error": f"{type(f.error).__name__}: {f.error}"})
+        with self.cond:  # a producer waiting on capacity counts this step out
+            self.skipped += 1
+            self.cond.notify_all()
+        self.on_step({"step": f.step + 1, "stage": self.stage.name, "skipped": True, "error": f.what + where})
         if self.stats["skipped"] > self.cfg.max_skipped:
             raise RolloutError(f"{self.stats['skipped']} rollouts failed (loop.max_skipped="
-                               f"{self.cfg.max_skipped}); last at step {f.step}: {f.error}") from f.error
+                               f"{self.cfg.max_skipped}); last at step {f.step}{where}: {f.what}") from f.error
+
+    def _set_awake(self, awake: bool) -> float:
+        """Seconds spent putting the generator to sleep or waking it (0 unless configured)."""
+        if not self.cfg.sleep_while_training:
+            return 0.0
+        t = time.perf_counter()
+        with self.gen_lock:
+            self.generator.wake() if awake else self.generator.sleep()
+        return time.perf_counter() - t
 
     def _sync(self, version: int) -> tuple[float, float]:
         """(seconds waiting for an in-flight generate call to finish, seconds moving the weights)."""

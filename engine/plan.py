@@ -55,8 +55,8 @@ def plan_text(cfg: RunConfig) -> tuple[str, bool]:
                 f"use learner.device=cpu"), False
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rollouts = cfg.stage.prompts_per_step * cfg.stage.group_size
-    if rollouts % world:
-        return (f"stage.prompts_per_step x stage.group_size = {rollouts} rollouts per step do not divide "
+    if cfg.stage.prompts_per_step % world:  # each rank rolls out whole groups (engine/stages.py rank_items)
+        return (f"stage.prompts_per_step = {cfg.stage.prompts_per_step} prompts per step do not divide "
                 f"over {world} ranks"), False
     model_dir = resolve_model(cfg.generator.model)
     est = estimate(cfg, json.loads((model_dir / "config.json").read_text()), world, on_gpu)

@@ -5,6 +5,10 @@ completion's ops go to its own O(1) fork of the item's bank; the frozen Answer A
 item's questions from every fork; reward = mean EM minus the format penalty.
 AnswerStage: the prompt is a question with the top-k memories per speaker; reward = EM.
 A frozen counterpart (the answer agent in stage 1) runs on its own Generator.
+
+Data parallel: a stage built with `rank`/`world` rolls out only its rank's contiguous slice of each
+step's prompts (`rank_items`); the loop's gather joins the slices back into the global batch in rank
+order, so the global batch is the one a single process would have drawn.
 """
 import time
 from collections import Counter
@@ -28,6 +32,19 @@ class StageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_size: int = 4             # G completions per prompt (the GRPO group); rollouts use RunConfig.sampling
     frozen_sampling: SamplingConfig = msgspec.field(  # the frozen counterpart answers greedily
         default_factory=lambda: SamplingConfig(temperature=0.0, max_new_tokens=48))
+
+
+def check_world(prompts_per_step: int, world: int) -> None:
+    if prompts_per_step % world:
+        raise ValueError(f"stage.prompts_per_step={prompts_per_step} does not divide over {world} data-parallel "
+                         f"ranks; use a multiple of {world}")
+
+
+def rank_items(items: list, step: int, per_step: int, rank: int = 0, world: int = 1) -> list:
+    """This rank's contiguous share of the items of `step` (all of them at world 1)."""
+    check_world(per_step, world)
+    share = per_step // world
+    return step_items(items, step, per_step)[rank * share:(rank + 1) * share]
 
 
 def to_train_batch(completions: list[list], rewards: list[list[float]], version: int) -> TrainBatch:
@@ -56,13 +73,15 @@ class ManagerStage:
     name = "manager"
 
     def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, sampling: SamplingConfig,
-                 manager: ManagerConfig, answer: AnswerConfig):
+                 manager: ManagerConfig, answer: AnswerConfig, rank: int = 0, world: int = 1):
+        check_world(cfg.prompts_per_step, world)
         self.items, self.frozen, self.embedder = items, frozen_answer, embedder
         self.cfg, self.sampling, self.manager, self.answer = cfg, sampling, manager, answer
+        self.rank, self.world = rank, world
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
-        items = step_items(self.items, step, self.cfg.prompts_per_step)
+        items = rank_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         prompts = []
         for it in items:
             memories = memories_for_facts(it.bank, self.embedder.embed(it.facts), self.manager.top_k)
@@ -112,12 +131,15 @@ class ManagerStage:
 class AnswerStage:
     name = "answer"
 
-    def __init__(self, items, embedder, cfg: StageConfig, sampling: SamplingConfig, answer: AnswerConfig):
+    def __init__(self, items, embedder, cfg: StageConfig, sampling: SamplingConfig, answer: AnswerConfig,
+                 rank: int = 0, world: int = 1):
+        check_world(cfg.prompts_per_step, world)
         self.items, self.embedder, self.cfg, self.sampling, self.answer = items, embedder, cfg, sampling, answer
+        self.rank, self.world = rank, world
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
-        items = step_items(self.items, step, self.cfg.prompts_per_step)
+        items = rank_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         vectors = self.embedder.embed([it.question.question for it in items])
         prompts = [answer_prompts(it.bank, [it.question.question], [v], it.speakers, self.answer)[0]
                    for it, v in zip(items, vectors)]

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_shipped_configs_load():
     default = load_config(ROOT / "configs" / "default.toml")
-    assert default.generator.model == "default" and default.eval.judge == "local"
+    assert default.generator.model == "default" and default.eval.judge == "off"
+    assert default.eval_after == ["base", "trained"] and default.items.answer_banks == "manager"
     assert default.resolved_run_dir() == Path("runs/default")
     smoke = load_config(ROOT / "configs" / "eval_smoke.toml")
     assert smoke.data.n == 2 and smoke.generator.backend == "vllm" and smoke.eval.max_questions == 2

@@ -178,3 +178,16 @@ def test_export_weights_buckets_with_hf_names(tiny):
     assert all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
     # The manifest names exactly what the export yields, in the same order, without exporting.
     assert list(learner.weight_manifest().items()) == [(k, tuple(v.shape)) for k, v in exported.items()]
+
+
+def test_activation_checkpointing_changes_memory_not_the_step(tiny):
+    # Recomputing each block in backward must give the same loss and the same updated weights.
+    outs = {}
+    for ac in (False, True):
+        learner = Learner(LearnerConfig(model_path=tiny, lr=1e-2, activation_checkpointing=ac))
+        assert learner.policy.lm.model.gradient_checkpointing is ac
+        m = learner.train_step(make_group_batch())
+        outs[ac] = (m["loss"], weights(learner))
+    assert outs[True][0] == pytest.approx(outs[False][0], abs=1e-6)
+    for name, w in outs[False][1].items():
+        torch.testing.assert_close(outs[True][1][name], w, atol=1e-6, rtol=0)

