@@ -6,6 +6,7 @@ import torch
 
 from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, make_generator
 from memr1.engine.generation.base import cut_at_stop
+from manifest_cases import bad_manifests, recording_producer
 from tiny_model import tiny_llama
 
 
@@ -117,21 +118,9 @@ def test_bad_manifest_loads_and_draws_nothing(tiny):
     before = {k: v.clone() for k, v in gen.model.state_dict().items()}
     shapes = gen.named_shapes()
     drawn = []
-
-    def producer():
-        for k, v in before.items():
-            drawn.append(k)
-            yield k, v + 1.0
-
-    first = next(iter(shapes))
-    cases = {
-        "shape": {**shapes, first: (3,)},
-        "no such weight": {**shapes, "model.layers.9.mlp.up_proj.weight": (3,)},
-        "misses": {k: v for k, v in shapes.items() if k != first},
-    }
-    for word, manifest in cases.items():
+    for word, manifest in bad_manifests(shapes).items():
         with pytest.raises(ValueError, match=f"nothing was loaded.*{word}"):
-            gen.update_weights(producer(), version=99, manifest=manifest)
+            gen.update_weights(recording_producer(before, drawn), version=99, manifest=manifest)
         assert drawn == [] and gen.weight_version == 0 and not gen.needs_weights
         assert all(torch.equal(before[k], v) for k, v in gen.model.state_dict().items()), word
 

@@ -8,6 +8,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 pytest.importorskip("vllm")
 
 from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator  # noqa: E402
+from manifest_cases import bad_manifests, recording_producer  # noqa: E402
 
 QUESTION = [[{"role": "user", "content": "What is the capital of France?"}]]
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)  # the answer is 9 tokens with EOS
@@ -132,21 +133,9 @@ def test_bad_weight_sets_load_nothing(gen, weights):
 
 def test_bad_manifest_loads_and_draws_nothing(gen, weights):
     version, shapes, drawn = gen.weight_version, {k: tuple(v.shape) for k, v in weights.items()}, []
-
-    def producer():
-        for k, v in weights.items():
-            drawn.append(k)
-            yield k, v + 1.0
-
-    first = next(iter(shapes))
-    cases = {
-        "shape": {**shapes, first: (7,)},
-        "no such weight": {**shapes, "model.layers.30.mlp.up_proj.weight": (1,)},
-        "misses": {k: v for k, v in shapes.items() if k != first},
-    }
-    for word, manifest in cases.items():
+    for word, manifest in bad_manifests(shapes).items():
         with pytest.raises(ValueError, match=f"nothing was loaded.*{word}"):
-            gen.update_weights(producer(), version=99, manifest=manifest)
+            gen.update_weights(recording_producer(weights, drawn), version=99, manifest=manifest)
         assert drawn == [] and gen.weight_version == version and not gen.needs_weights
     assert answer(gen) == "The capital of France is Paris."
 
