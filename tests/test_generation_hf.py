@@ -4,7 +4,8 @@ import msgspec
 import pytest
 import torch
 
-from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, make_generator
+from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff
+from memr1.engine.generation import GeneratorConfig, SamplingConfig, make_generator
 from memr1.engine.generation.base import cut_at_stop
 from manifest_cases import bad_manifests, recording_producer
 from tiny_model import tiny_llama
@@ -15,18 +16,6 @@ def tiny(tmp_path_factory):
     folder = tiny_llama(tmp_path_factory.mktemp("tiny"))
     gen = make_generator(GeneratorConfig(backend="hf", model=str(folder), max_model_len=64))
     return gen, folder
-
-
-def reference_logprobs(model, c: Completion, temperature: float) -> torch.Tensor:
-    seq = torch.tensor([c.prompt_token_ids + c.token_ids])
-    with torch.no_grad():
-        logits = model(seq).logits[0, len(c.prompt_token_ids) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
-
-
-def mean_abs_diff(model, completions, temperature) -> float:
-    diffs = [(reference_logprobs(model, c, temperature) - torch.tensor(c.logprobs)).abs() for c in completions]
-    return torch.cat(diffs).mean().item()
 
 
 def test_result_shape_and_fields(tiny):

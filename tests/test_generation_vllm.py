@@ -8,6 +8,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 pytest.importorskip("vllm")
 
 from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator  # noqa: E402
+from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff  # noqa: E402
 from manifest_cases import bad_manifests, recording_producer  # noqa: E402
 
 QUESTION = [[{"role": "user", "content": "What is the capital of France?"}]]
@@ -32,17 +33,6 @@ def ref():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
-
-
-def mean_abs_diff(model, completions, temperature) -> float:
-    diffs = []
-    for c in completions:
-        seq = torch.tensor([c.prompt_token_ids + c.token_ids])
-        with torch.no_grad():
-            logits = model(seq).logits[0, len(c.prompt_token_ids) - 1:-1].float()
-        want = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
-        diffs.append((want - torch.tensor(c.logprobs)).abs())
-    return torch.cat(diffs).mean().item()
 
 
 def answer(gen) -> str:
