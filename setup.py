@@ -59,5 +59,5 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["torch==2.13.0", "transformers>=5.16.1,<5.20", "usearch", "msgspec", "numpy",
                       "safetensors", "tqdm", "tensorboard"],
-    entry_points={"console_scripts": ["memr1=memr1.engine.cli:main"]},
+    entry_points={"console_scripts": ["memr1=memr1.engine.cli:run"]},
 )

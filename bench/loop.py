@@ -24,6 +24,7 @@ from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.data import load_conversations
 from memr1.rl.items import ItemsConfig, build_items
+from memr1.engine.preload import preload
 
 def run(k: int, model: Path, items, steps: int, args) -> dict:
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
@@ -59,4 +60,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    preload()  # tcmalloc + Intel OpenMP, as in production runs (engine/preload.py)
     raise SystemExit(main())

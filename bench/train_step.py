@@ -224,4 +224,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from memr1.engine.preload import preload
+
+    preload()  # tcmalloc + Intel OpenMP, as in production runs (engine/preload.py)
     main()

@@ -54,5 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     return int(getattr(importlib.import_module(module), func)(args) or 0)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `memr1` program (console script): restart once with the CPU libraries preloaded, then run."""
+    from memr1.engine.preload import preload
+
+    preload()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

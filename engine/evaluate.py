@@ -136,9 +136,10 @@ def model_identity(path: Path) -> str:
     return f"{path.resolve()}@{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
-def cache_dirs(cfg: RunConfig, ids: dict[str, str], run_dir: Path) -> tuple[Path, Path]:
-    """(extraction cache, bank cache) folders. Each key holds only what changes that content, so the
-    trained eval of a run reuses the base eval's extraction (both extract with the base model)."""
+def cache_keys(cfg: RunConfig, ids: dict[str, str]) -> tuple[str, str]:
+    """(extraction key, bank key). Each holds only what changes that content, so the trained eval of a
+    run reuses the base eval's extraction (both extract with the base model), and stage 2 of
+    `memr1 train` rebuilds its banks only when something that shapes them changed."""
     e = cfg.eval
     common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
               "dtype": cfg.generator.dtype, "backend": cfg.generator.backend,
@@ -149,9 +150,16 @@ def cache_dirs(cfg: RunConfig, ids: dict[str, str], run_dir: Path) -> tuple[Path
     bank_key = {"facts": facts_digest, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
                 "baseline_builds_banks": e.baseline in ("memr1", "base"),
                 "eval": {k: getattr(e, k) for k in ("manager_max_new_tokens", "manager_turns_per_call")}}
+    return facts_digest, _digest(bank_key)
+
+
+def cache_dirs(cfg: RunConfig, ids: dict[str, str], run_dir: Path) -> tuple[Path, Path]:
+    """(extraction cache, bank cache) folders, under eval.cache_dir, $MEMR1_CACHE/eval or the run."""
+    e = cfg.eval
+    facts_key, bank_key = cache_keys(cfg, ids)
     root = Path(e.cache_dir) if e.cache_dir else (
         Path(os.environ["MEMR1_CACHE"]) / "eval" if os.environ.get("MEMR1_CACHE") else run_dir / "cache")
-    return root / "facts" / facts_digest, root / "banks" / _digest(bank_key)
+    return root / "facts" / facts_key, root / "banks" / bank_key
 
 
 def _digest(key: dict) -> str:

