@@ -1,5 +1,7 @@
 """The vLLM backend on the real default model, one in-process engine for the whole module:
 answers, logprob fidelity, in-place weight updates (all or nothing), bad input, sleep/wake."""
+import logging
+
 import msgspec
 import pytest
 import torch
@@ -117,6 +119,30 @@ def test_tied_head_shares_the_embedding_pack(gen, weights):
     assert gen.llm.collective_rpc(shared) == [True]
     gen.update_weights(weights.items(), version=gen.weight_version + 1)
     assert gen.llm.collective_rpc(shared) == [True]
+
+
+def test_reload_warns_only_about_unexpected_modules(gen, weights):
+    from memr1.engine.generation.vllm_backend import QuietExpectedReloadGaps
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    log, keep = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise"), Keep()
+    log.addHandler(keep)  # a logger's filters run before its handlers: a dropped record never arrives
+    try:
+        gen.update_weights(weights.items(), version=gen.weight_version + 1)
+    finally:
+        log.removeHandler(keep)
+    assert not [m for m in keep.messages if "Failed to load weights" in m], keep.messages
+    record = lambda module: logging.LogRecord("vllm", logging.WARNING, "", 0, "%s: Failed to load weights",
+                                              (module,), None)
+    assert not QuietExpectedReloadGaps().filter(record("RotaryEmbedding"))
+    assert QuietExpectedReloadGaps().filter(record("MergedColumnParallelLinear"))  # a real gap still shows
 
 
 def test_bad_weight_sets_load_nothing(gen, weights):

@@ -13,6 +13,7 @@
   makes sub-groups and agrees on KV-cache memory): every rank creates the same engines in the same order.
 """
 import json
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -92,10 +93,25 @@ def share_tied_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+class QuietExpectedReloadGaps(logging.Filter):
+    """Every in-place reload makes vLLM warn "Failed to load weights" for modules that never get
+    checkpoint tensors: the rotary cache (computed, not loaded) and a tied lm_head. Those two are noise;
+    the warning still shows for any other module."""
+    EXPECTED = {"RotaryEmbedding", "ParallelLMHead"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and record.args[0] in self.EXPECTED)
+
+
 class VLLMGenerator:
     def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path):
         setup_env(cache_dir)
         from vllm import LLM
+
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, QuietExpectedReloadGaps) for f in reload_log.filters):
+            reload_log.addFilter(QuietExpectedReloadGaps())
 
         self.cfg = cfg
         self.on_gpu = torch.cuda.is_available()
