@@ -103,8 +103,7 @@ class Loop:
         self.gen_lock = threading.Lock()       # generation and weight loading never overlap
         self.cond = threading.Condition()      # signals a new generator weight version / a stop
         self.stop_requested = False
-        self.stats = {"skipped": 0, "too_stale": 0}
-        self.skipped = 0                       # steps skipped by agreement, for the producer's capacity
+        self.stats = {"skipped": 0, "too_stale": 0}  # "skipped" also sets the producer's capacity (under cond)
 
     # ---- producer thread ----
     def _produce(self, start: int, end: int, start_version: int) -> None:
@@ -114,7 +113,7 @@ class Loop:
             # learner has agreed to skip that step (it notifies).
             with self.cond:  # capacity: wait for weights recent enough for the step that consumes this
                 self.cond.wait_for(lambda: self.stop_requested or self.generator.weight_version >= start_version
-                                   + (step - start) - max(failed, self.skipped) - self.cfg.max_staleness)
+                                   + (step - start) - max(failed, self.stats["skipped"]) - self.cfg.max_staleness)
                 if self.stop_requested:
                     return
             try:
@@ -199,9 +198,8 @@ class Loop:
         if self.cfg.on_rollout_error == "stop" or f.fatal:
             raise RolloutError(f"rollout for step {f.step} failed{where} with {f.what}\n"
                                f"--- producer traceback ---\n{f.trace}") from f.error
-        self.stats["skipped"] += 1
         with self.cond:  # a producer waiting on capacity counts this step out
-            self.skipped += 1
+            self.stats["skipped"] += 1
             self.cond.notify_all()
         self.on_step({"step": f.step + 1, "stage": self.stage.name, "skipped": True, "error": f.what + where})
         if self.stats["skipped"] > self.cfg.max_skipped:

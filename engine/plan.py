@@ -6,6 +6,7 @@ import os
 import torch
 
 from memr1.engine.config import RunConfig
+from memr1.engine.stages import world_problem
 
 GiB = 2**30
 
@@ -55,9 +56,8 @@ def plan_text(cfg: RunConfig) -> tuple[str, bool]:
                 f"use learner.device=cpu"), False
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rollouts = cfg.stage.prompts_per_step * cfg.stage.group_size
-    if cfg.stage.prompts_per_step % world:  # each rank rolls out whole groups (engine/stages.py rank_items)
-        return (f"stage.prompts_per_step = {cfg.stage.prompts_per_step} prompts per step do not divide "
-                f"over {world} ranks"), False
+    if problem := world_problem(cfg.stage.prompts_per_step, world):
+        return problem, False
     model_dir = resolve_model(cfg.generator.model)
     est = estimate(cfg, json.loads((model_dir / "config.json").read_text()), world, on_gpu)
     if on_gpu:

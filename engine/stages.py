@@ -34,10 +34,17 @@ class StageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         default_factory=lambda: SamplingConfig(temperature=0.0, max_new_tokens=48))
 
 
-def check_world(prompts_per_step: int, world: int) -> None:
+def world_problem(prompts_per_step: int, world: int) -> str | None:
+    """Why `world` data-parallel ranks can't share each step's prompts (each rolls out whole groups)."""
     if prompts_per_step % world:
-        raise ValueError(f"stage.prompts_per_step={prompts_per_step} does not divide over {world} data-parallel "
-                         f"ranks; use a multiple of {world}")
+        return (f"stage.prompts_per_step={prompts_per_step} does not divide over {world} data-parallel ranks "
+                f"(torchrun --nproc_per_node); use a multiple of {world}")
+    return None
+
+
+def check_world(prompts_per_step: int, world: int) -> None:
+    if problem := world_problem(prompts_per_step, world):
+        raise ValueError(problem)
 
 
 def rank_items(items: list, step: int, per_step: int, rank: int = 0, world: int = 1) -> list:

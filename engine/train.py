@@ -34,7 +34,7 @@ from memr1.engine.generation import SamplingConfig, make_generator, resolve_mode
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, no_gather
 from memr1.engine.plan import plan_text
-from memr1.engine.stages import AnswerStage, ManagerStage, rank_items
+from memr1.engine.stages import AnswerStage, ManagerStage, rank_items, world_problem
 
 
 class RunLog:
@@ -118,7 +118,8 @@ def manager_banks(cfg: RunConfig, conversations: list, answer_items: list, embed
     need = {it.conversation for s in range(cfg.loop.steps)
             for it in rank_items(answer_items, s, cfg.stage.prompts_per_step, rank, world)}
     convs = [c for c in conversations if c.sample_id in need]
-    ids = {"extract": model_identity(resolve_model(cfg.generator.model)), "manager": model_identity(manager)}
+    base = resolve_model(cfg.generator.model)  # extraction runs on the base model
+    ids = {"extract": model_identity(base), "manager": model_identity(manager)}
     root = run_dir / "answer" / "banks" / cache_keys(cfg, ids)[1]
     if world > 1:  # a bank has one writer (flock): ranks never share a folder
         root = root / f"rank{rank}"
@@ -129,7 +130,7 @@ def manager_banks(cfg: RunConfig, conversations: list, answer_items: list, embed
     bar = lambda desc: tqdm(desc=desc, total=0, unit="prompt", dynamic_ncols=True, disable=rank != 0)
     if todo:
         with bar("stage-2 banks: extract") as b:
-            facts.update(extract_all(todo, dirs, swap.view(resolve_model(cfg.generator.model)),
+            facts.update(extract_all(todo, dirs, swap.view(base),
                                      with_tokens(greedy, cfg.eval.extract_max_new_tokens), cfg.eval, cfg.extract, b))
     with bar("stage-2 banks: manager") as b:
         builds = run_manager(convs, dirs, facts, swap.view(manager), embedder, greedy, cfg.eval, cfg.manager,
@@ -150,9 +151,8 @@ def train(cfg: RunConfig) -> dict:
 
     # Under torchrun, join the process group before any engine exists, so vLLM joins it too.
     rank, world = dist_utils.init(cfg.learner.device)
-    if cfg.stage.prompts_per_step % world:
-        raise ConfigError(f"stage.prompts_per_step={cfg.stage.prompts_per_step} does not divide over {world} "
-                          f"data-parallel ranks (torchrun --nproc_per_node); use a multiple of {world}")
+    if problem := world_problem(cfg.stage.prompts_per_step, world):
+        raise ConfigError(problem)
     say = print if rank == 0 else (lambda *a, **k: None)
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)

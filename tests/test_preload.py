@@ -22,16 +22,16 @@ print("blocktime", os.environ.get("KMP_BLOCKTIME"))
 
 
 def run_child(**env) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", CHILD], env={**os.environ, **env}, capture_output=True,
+    """CHILD's output lines, started from a clean slate: no preload done or set by the test runner."""
+    base = {k: v for k, v in os.environ.items() if k not in (preload.DONE, "MEMR1_PRELOAD", "LD_PRELOAD")}
+    out = subprocess.run([sys.executable, "-c", CHILD], env={**base, **env}, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.splitlines()
 
 
 def test_child_restarts_once_with_the_libraries_mapped():
-    env = {k: v for k, v in os.environ.items() if k not in (preload.DONE, "MEMR1_PRELOAD", "LD_PRELOAD")}
-    lines = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                           timeout=120, check=True).stdout.splitlines()
+    lines = run_child()
     libs = [Path(p).resolve().name for p in preload.libraries()]  # maps show the file behind a symlink
     mapped = {Path(line.split()[1]).name for line in lines if line.startswith("lib ")}
     assert "matmul 1.0" in lines  # torch computes under the preloaded runtime
