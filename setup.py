@@ -57,7 +57,7 @@ setup(
     package_data={"memr1.bench": ["*.sh"]},
     ext_modules=[CMakeExtension("memr1.memory_store._core")],
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=["torch==2.13.0", "transformers>=5.16.1,<5.20", "usearch", "msgspec", "numpy",
+    install_requires=["torch>=2.13,<2.15", "transformers>=5.16.1", "usearch", "msgspec", "numpy",
                       "safetensors", "tqdm", "tensorboard"],
     entry_points={"console_scripts": ["memr1=memr1.engine.cli:run"]},
 )

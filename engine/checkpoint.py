@@ -1,14 +1,20 @@
 """Checkpoints: `checkpoints/step_<N>/` that transformers and vLLM load directly, plus training state.
 
-Layout of one checkpoint:
+Layout of one checkpoint, a self-contained HF model folder (`from_pretrained`, vLLM and
+`AutoTokenizer` all load it):
   config.json, model.safetensors    the policy, gathered to full tensors (HF names, tied weights once)
+  tokenizer files, chat template,   copied from the model the stage started from
+  generation_config.json
   optimizer.pt, scheduler.pt        full (unsharded) optimizer state keyed by parameter name, so a run
                                     can resume on another world size; critic*.pt likewise for PPO
   rng_rank<R>.pt                    torch / python / numpy (/ cuda) generator states of each rank
-  state.json                        step, weight version, the caller's opaque data cursor
+  state.json                        the loop's step, weight version, the caller's data cursor
+Every .pt file holds tensors and plain containers only and is read with `weights_only=True`, so a
+crafted checkpoint cannot run code on resume.
 
 It is written into `step_<N>.tmp` and renamed at the end: a kill mid-save leaves earlier checkpoints
-intact and never a half-written `step_<N>`.
+intact and never a half-written `step_<N>`. N is the loop's step (a skipped rollout trains nothing,
+so the learner's own step count can lag behind it).
 """
 from __future__ import annotations
 
@@ -39,8 +45,37 @@ def latest_checkpoint(stage_dir) -> Path | None:
     return steps[-1][1] if steps else None
 
 
+# Files of a model folder, besides its weights and config.json, that make it loadable on its own.
+MODEL_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
+               "*.jinja", "chat_template.json", "generation_config.json")
+
+
+def final_checkpoint(stage_dir) -> Path | None:
+    """The checkpoint a stage hands on: the best one by validation (best.json) when the stage
+    validated, else its latest."""
+    best = Path(stage_dir) / "best.json"
+    if best.is_file():
+        path = Path(stage_dir) / "checkpoints" / f"step_{int(json.loads(best.read_text())['step'])}"
+        if (path / "model.safetensors").is_file():
+            return path
+    return latest_checkpoint(stage_dir)
+
+
+def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:
+    """role ("manager" / "answer") -> the final checkpoint of its last stage in `stages` that has one."""
+    out = {}
+    for name in stages:
+        if (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:
+            out[name.split("_")[0]] = ckpt
+    return out
+
+
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every generator's state as tensors and plain lists (loadable with weights_only=True)."""
+    version, mt, gauss = random.getstate()
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": [version, list(mt), gauss],
+             "numpy": [kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -48,10 +83,24 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load(path: str):
+    return torch.load(path, weights_only=True)
+
+
+def copy_model_files(src: str, dst: str) -> None:
+    """Tokenizer, chat template and generation config of model folder `src`, into `dst`."""
+    for pattern in MODEL_FILES:
+        for f in Path(src).glob(pattern):
+            if f.is_file():
+                shutil.copy2(f, os.path.join(dst, f.name))
 
 
 def _hf_state_dict(model) -> dict:
@@ -63,9 +112,10 @@ def _hf_state_dict(model) -> dict:
     return sd
 
 
-def save(learner, run_dir: str, data_state: dict) -> str:
+def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = "") -> str:
+    """Write `stage_dir/checkpoints/step_<step>/`; `model_dir` lends its tokenizer and generation files."""
     d = learner.d
-    final = os.path.join(run_dir, "checkpoints", f"step_{learner.step}")
+    final = os.path.join(stage_dir, "checkpoints", f"step_{step}")
     tmp = final + ".tmp"
     if d.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,6 +131,8 @@ def save(learner, run_dir: str, data_state: dict) -> str:
     torch.save(_rng_state(), os.path.join(tmp, f"rng_rank{d.rank}.pt"))
     if d.rank == 0:
         learner.hf_config.save_pretrained(tmp)
+        if model_dir:
+            copy_model_files(model_dir, tmp)
         save_file(model_sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
         torch.save(learner.sched.state_dict(), os.path.join(tmp, "scheduler.pt"))
@@ -88,8 +140,8 @@ def save(learner, run_dir: str, data_state: dict) -> str:
             torch.save({"model": critic[0], "optim": critic[1], "sched": learner.critic_sched.state_dict()},
                        os.path.join(tmp, "critic.pt"))
         with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"step": learner.step, "weight_version": learner.version, "world_size": d.world,
-                       "data": data_state}, f)
+            json.dump({"step": step, "learner_step": learner.step, "weight_version": learner.version,
+                       "world_size": d.world, "data": data_state}, f)
     d.barrier()
     if d.rank == 0:
         if os.path.exists(final):  # re-saving the same step: swap, then drop the old copy
@@ -127,11 +179,13 @@ def load(learner, path: str) -> dict:
         raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                          f"wrong shape {wrong[:5]}")
     set_model_state_dict(learner.policy, {"lm." + k: v for k, v in sd.items()}, options=FULL_LOAD)
-    osd = torch.load(os.path.join(path, "optimizer.pt"), weights_only=False)
+    osd = _load(os.path.join(path, "optimizer.pt"))
     set_optimizer_state_dict(learner.policy, learner.optim, osd, options=FULL_LOAD)
-    learner.sched.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=False))
+    learner.sched.load_state_dict(_load(os.path.join(path, "scheduler.pt")))
     if learner.critic is not None:
-        c = torch.load(os.path.join(path, "critic.pt"), weights_only=False)
+        if not os.path.exists(os.path.join(path, "critic.pt")):
+            raise ValueError(f"checkpoint {path} has no critic.pt: it was not written by a PPO run")
+        c = _load(os.path.join(path, "critic.pt"))
         set_model_state_dict(learner.critic, c["model"], options=FULL_LOAD)
         set_optimizer_state_dict(learner.critic, learner.critic_optim, c["optim"], options=FULL_LOAD)
         learner.critic_sched.load_state_dict(c["sched"])
@@ -139,6 +193,6 @@ def load(learner, path: str) -> dict:
         state = json.load(f)
     rng = os.path.join(path, f"rng_rank{learner.d.rank}.pt")
     if os.path.exists(rng):  # absent when resuming on more ranks than saved: fresh streams there
-        _set_rng_state(torch.load(rng, weights_only=False))
-    learner.step, learner.version = state["step"], state["weight_version"]
-    return state["data"]
+        _set_rng_state(_load(rng))
+    learner.step, learner.version = state["learner_step"], state["weight_version"]
+    return state

@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="build banks, answer a split, and print the paper's table")
     ev.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
     ev.add_argument("--checkpoint", help="an HF checkpoint (manager and answer agent) or a `memr1 train` run dir "
-                    "(each stage's latest checkpoint); extraction and the local judge keep the base model")
+                    "(each role's final checkpoint); extraction and the local judge keep the base model")
+    ev.add_argument("--manager", help="an HF checkpoint for the manager alone (overrides --checkpoint's)")
+    ev.add_argument("--answer", help="an HF checkpoint for the answer agent alone (overrides --checkpoint's)")
+    ev.add_argument("--compare", metavar="REPORT", help="an earlier eval report of the same split: print the "
+                    "paired difference of each metric with a seeded bootstrap interval")
     ev.add_argument("--split", default="val", choices=["train", "val", "test"])
     ev.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. eval.baseline=rag")
 

@@ -13,15 +13,17 @@ from typing import Any
 
 import msgspec
 
-from memr1.engine.generation import GeneratorConfig, SamplingConfig
+from memr1.engine.generation import GeneratorConfig
 from memr1.engine.learner import LearnerConfig
 from memr1.engine.loop import LoopConfig
-from memr1.engine.stages import StageConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.eval import EvalConfig
 from memr1.rl.items import ItemsConfig
+from memr1.rl.judge import JudgeConfig
+from memr1.rl.rewards import RewardConfig
+from memr1.rl.stages import StageConfig
 
 
 class ConfigError(ValueError):
@@ -29,9 +31,9 @@ class ConfigError(ValueError):
 
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = built-in synthetic set
-    n: int = 20               # synthetic conversations (10 per val/test conversation, see rl.data.synthetic)
-    seed: int = 0
+    path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = the built-in synthetic set
+    n: int = 20               # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
+                              # fixed (`memr1 data synth --seed S --out F` writes others, read by path)
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -39,27 +41,57 @@ class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hash_dim: int = 256       # vector size when embedder = "hash"
 
 
+class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How RL stages sample (evaluation and the frozen roles are greedy). Each role's token budget is
+    its own `max_new_tokens`, the same as in evaluation."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-stage settings; `RunConfig.stages` says which run, in which order."""
+    manager: StageConfig = msgspec.field(default_factory=StageConfig)
+    answer: StageConfig = msgspec.field(default_factory=StageConfig)
+    manager_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
+    answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
+    # Stage 1's frozen answer agent: "latest" = this run's newest answer-agent checkpoint when one
+    # exists (an answer stage ran before the manager's), else the base model; "base"; or a checkpoint.
+    frozen_answer: str = "latest"
+    # The manager that builds the answer stage's banks when items.answer_banks = "manager": "latest" =
+    # this run's newest manager checkpoint, else the base model; "base"; or a checkpoint.
+    bank_manager: str = "latest"
+
+
+STAGES = ("manager_warm", "manager", "answer_warm", "answer")
+
+
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str = "default"
-    seed: int = 0
+    seed: int = 0             # the one run seed: item order, sampling, the learner's RNG (each rank offsets it)
     run_dir: str = ""         # "" = runs/<name>
+    cache_dir: str = ""       # extractions and eval banks; "" = $MEMR1_CACHE/eval, else <run_dir>/cache
     embedder: str = "minilm"  # "minilm" (all-MiniLM-L6-v2, 384-d) | "hash" (tests)
-    generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
-    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)  # rollout sampling
+    # the task, shared by training and evaluation
     extract: ExtractConfig = msgspec.field(default_factory=ExtractConfig)
     manager: ManagerConfig = msgspec.field(default_factory=ManagerConfig)
     answer: AnswerConfig = msgspec.field(default_factory=AnswerConfig)
-    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     bank: BankSettings = msgspec.field(default_factory=BankSettings)
-    # training (memr1 train): the stages, in order
+    generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
+    # training (memr1 train)
     stages: list[str] = msgspec.field(default_factory=lambda: ["manager", "answer"])
+    stage: StagesConfig = msgspec.field(default_factory=StagesConfig)
     items: ItemsConfig = msgspec.field(default_factory=ItemsConfig)
-    stage: StageConfig = msgspec.field(default_factory=StageConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
-    eval_after: list[str] = []   # after training, `memr1 eval` of "base" and/or "trained" on eval_split
+    eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm" and/or "trained" on eval_split
     eval_split: str = "val"
+    # evaluation (memr1 eval, and eval_after)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir or f"runs/{self.name}")
@@ -97,6 +129,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{where}: {e} (paths are written $.section.key)") from None
+    except ValueError as e:   # a component config's own check (__post_init__)
+        raise ConfigError(f"{where}: {e}") from None
     check(cfg, where)
     return cfg
 
@@ -152,25 +186,29 @@ def _struct_type(tp):
 def check(cfg: RunConfig, where: str) -> None:
     if cfg.embedder not in EMBEDDERS:
         raise ConfigError(f"{where}: embedder must be one of {EMBEDDERS}, got {cfg.embedder!r}")
-    if not cfg.name or "/" in cfg.name:
-        raise ConfigError(f"{where}: name must be a non-empty string without '/', got {cfg.name!r}")
+    if not cfg.name or "/" in cfg.name or "\\" in cfg.name or cfg.name.strip(".") == "":
+        raise ConfigError(f"{where}: name must be a folder name (not empty, no '/', not dots only), got {cfg.name!r}")
     if cfg.data.n < 1:
         raise ConfigError(f"{where}: data.n must be >= 1, got {cfg.data.n}")
-    unknown = [s for s in cfg.stages if s not in ("manager", "answer")]
+    unknown = [s for s in cfg.stages if s not in STAGES]
     if unknown:
-        raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use 'manager' and/or 'answer'")
-    bad = [w for w in cfg.eval_after if w not in ("base", "trained")]
+        raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use {', '.join(STAGES)}")
+    bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained")]
     if bad:
-        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base' and/or 'trained'")
+        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm' and/or 'trained'")
     if cfg.eval_split not in ("train", "val", "test"):
         raise ConfigError(f"{where}: eval_split must be train, val or test, got {cfg.eval_split!r}")
-    ckpt = cfg.items.manager_checkpoint
-    if ckpt and not (Path(ckpt) / "config.json").is_file():
-        raise ConfigError(f"{where}: items.manager_checkpoint={ckpt!r}: no config.json there (an HF checkpoint)")
-    try:
-        cfg.eval.check()
-    except ValueError as e:
-        raise ConfigError(f"{where}: {e}") from None
+    for key in ("frozen_answer", "bank_manager"):
+        value = getattr(cfg.stage, key)
+        if value not in ("latest", "base") and not (Path(value) / "config.json").is_file():
+            raise ConfigError(f"{where}: stage.{key}={value!r}: use latest, base, or an HF checkpoint folder "
+                              f"(no config.json there)")
+    for name in ("manager_warm", "answer_warm"):
+        if name in cfg.stages and getattr(cfg.stage, name).group_size != 1:
+            raise ConfigError(f"{where}: stage.{name}.group_size must be 1: a warm start trains one scripted "
+                              f"reply per prompt")
+    if cfg.reward.kind == "judge" and cfg.judge.kind == "off":
+        raise ConfigError(f"{where}: reward.kind = 'judge' needs judge.kind = 'local' or 'openai'")
 
 
 # ---- writing ----

@@ -1,18 +1,18 @@
-"""Process group, device mesh and FSDP2 wrapping of a Hugging Face causal LM, and the loop's gather.
+"""Process group, device mesh and FSDP2 wrapping of a Hugging Face causal LM, and the loop's agreement.
 
 World size 1 without a process group is a first-class case: no FSDP, a plain module, no collectives.
 Under torchrun (or after the caller initialised a group) every rank shards each transformer block, then
 the root, with `fully_shard` on a 1-D data-parallel mesh: NCCL on CUDA, gloo on CPU.
 
-Data-parallel training: each rank samples its share of a step's prompts; `gather_rollouts` (the loop's
-`gather` hook) all-gathers the ranks' rollouts into the one global TrainBatch every learner rank needs.
+Data-parallel training: each rank samples and trains its own share of a step's prompts; the loop's
+`agree` hook (`agree_rollouts`) makes the ranks agree on each step with scalar all-reduces.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import sys
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,11 @@ class Dist:
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.mesh is not None:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        if self.mesh is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
     def barrier(self):
@@ -114,74 +119,58 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t.detach()
 
 
-# ---- data-parallel rollouts: the loop's gather ----
-def gather_rollouts(item):
-    """Loop.gather for world > 1: all-gather every rank's rollout of this step (in rank order) and
-    return what all ranks then agree on: None if any rank stopped, else the first failure, else one
-    Rollout of the global batch. Runs in the learner thread, like every other collective."""
+# ---- data-parallel rollouts: the loop's agreement ----
+SUMMED = ("response_tokens", "frozen_answers")   # rollout metrics that add up over ranks
+
+
+def all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+    """In place over the default group; op is "sum" or "max". NCCL reduces GPU tensors only."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    moved = t.to(dev)
+    dist.all_reduce(moved, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    t.copy_(moved.to(t.device))
+    return t
+
+
+def agree_rollouts(item, step: int, rank: int | None = None, world: int | None = None, reduce=all_reduce):
+    """Loop.agree for world > 1. Each rank keeps its own rollout (its groups train on that rank); the
+    ranks agree, with scalar all-reduces only, on what to do with the step: stop if any rank stopped
+    (None), else fail if any rank failed (the lowest failing rank's failure, fatal if any was), else
+    train, with the rollout metrics reduced over ranks for the log. Runs in the learner thread, like
+    every other collective. `reduce` is the all-reduce (a stand-in in tests)."""
     from memr1.engine.loop import RolloutFailure
 
-    rank = dist.get_rank()
-    sent = item
-    if isinstance(item, RolloutFailure):  # an exception may not pickle; its text travels instead
-        sent = dataclasses.replace(item, error=None, rank=rank)
-    items = [None] * dist.get_world_size()
-    dist.all_gather_object(items, sent)
-    out = merge_rollouts(items)
-    if isinstance(out, RolloutFailure) and out.rank == rank:
-        out.error = item.error  # our own: keep the exception for the traceback chain
-    return out
-
-
-def merge_rollouts(items: list):
-    """The step's item from each rank's, in rank order (see gather_rollouts)."""
-    from memr1.engine.loop import Rollout, RolloutFailure
-
-    if any(it is None for it in items):
+    rank = dist.get_rank() if rank is None else rank
+    world = dist.get_world_size() if world is None else world
+    failed = isinstance(item, RolloutFailure)
+    flags = reduce(torch.tensor([float(item is None), float(failed), float(failed and item.fatal),
+                                 -float(rank if failed else world)], dtype=torch.float64), "max")
+    stop, fail, fatal, first = flags.tolist()
+    if stop:
         return None
-    failures = [it for it in items if isinstance(it, RolloutFailure)]
-    if failures:
-        return min(failures, key=lambda f: not f.fatal)  # a dead producer first, else the lowest rank
-    steps = {it.step for it in items}
-    if len(steps) > 1:  # would mean the ranks' producers walk different data: never train on that
-        raise RuntimeError(f"data-parallel ranks produced different steps {sorted(steps)} for one learner step")
-    return Rollout(merge_batches([it.batch for it in items]), merge_metrics([it.metrics for it in items]),
-                   step=items[0].step, weight_version=min(it.weight_version for it in items))
+    if fail:
+        if failed and rank == -int(first):
+            item.rank = rank
+            return item
+        return RolloutFailure(step, None, "", what=f"a rollout failed on rank {-int(first)} (its output has the "
+                              f"traceback)", rank=-int(first), fatal=bool(fatal))
+    item.metrics = reduce_metrics(item.metrics, world, reduce)
+    item.weight_version = -int(reduce(torch.tensor([-float(item.weight_version)], dtype=torch.float64), "max").item())
+    return item
 
 
-def merge_batches(batches: list):
-    """Concatenate TrainBatches in rank order; group ids are offset so each rank's groups stay distinct."""
-    cat = lambda ts: torch.cat(ts) if ts and all(t is not None for t in ts) else None
-    groups, offset = [], 0
-    for b in batches:
-        if b.group_ids is not None:
-            groups.append(b.group_ids + offset)
-            offset += int(b.group_ids.max()) + 1 if len(b.group_ids) else 0
-    behav = [b.behav_logp for b in batches]
-    return dataclasses.replace(
-        batches[0], input_ids=[t for b in batches for t in b.input_ids],
-        response_mask=[t for b in batches for t in b.response_mask],
-        behav_logp=None if any(x is None for x in behav) else [t for x in behav for t in x],
-        advantages=cat([b.advantages for b in batches]), rewards=cat([b.rewards for b in batches]),
-        group_ids=cat(groups) if len(groups) == len(batches) else None,
-        weight_version=min(b.weight_version for b in batches))
-
-
-def merge_metrics(ms: list[dict]) -> dict:
-    """Rates and means average over ranks (every rank has the same number of rollouts); token counts
-    add up; times (`*_s`) take the slowest rank, which is what the step waited for."""
-    out = {}
-    for k in dict.fromkeys(k for m in ms for k in m):
-        vals = [m[k] for m in ms if k in m]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            out[k] = vals[0]
-        elif k == "response_tokens":
-            out[k] = sum(vals)
-        elif k.endswith("_s"):
-            out[k] = max(vals)
-        else:
-            out[k] = sum(vals) / len(vals)
-    return out
+def reduce_metrics(m: dict, world: int, reduce=all_reduce) -> dict:
+    """Rollout metrics over ranks: counts add up, times (`*_s`) take the slowest rank (what the step
+    waited for), rates and means average (every rank rolls out the same number of prompts)."""
+    names = sorted(m)
+    crc = float(zlib.crc32(" ".join(names).encode()))
+    digest = reduce(torch.tensor([crc, -crc], dtype=torch.float64), "max")
+    if digest[0] != -digest[1]:
+        raise RuntimeError(f"data-parallel ranks logged different rollout metrics; this rank: {names}")
+    values = torch.tensor([float(m[k]) for k in names], dtype=torch.float64)
+    summed, slowest = reduce(values.clone(), "sum"), reduce(values.clone(), "max")
+    return {k: (slowest[i].item() if k.endswith("_s") else summed[i].item() if k in SUMMED
+                else summed[i].item() / world) for i, k in enumerate(names)}
 
 
 def finish() -> None:

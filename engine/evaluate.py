@@ -1,10 +1,12 @@
 """`memr1 eval`: build the generator, embedder and data from the run config, run `memr1.rl.eval`,
-write `<run_dir>/eval/<split>.json` and print the paper's table.
+write `<run_dir>/eval/<split>[.<label>].json` and print the paper's table (and, with --compare, the
+paired differences against another report of the same split, with bootstrap intervals).
 
-Extractions and banks are cached under `eval.cache_dir`, else `$MEMR1_CACHE/eval`, else
+Extractions and banks are cached under `cache_dir`, else `$MEMR1_CACHE/eval`, else
 `<run_dir>/cache`, in folders named by a hash of everything that decides their content (the weights'
-identity, extraction and manager settings, the embedder, the turn limit), so a rerun or an
-interrupted run reuses them. One engine serves every role, swapping checkpoints between phases.
+identity, the extraction and manager settings, the embedder, the turn limit), so a rerun or an
+interrupted run reuses them, and memr1 train's items reuse an eval's extraction. One engine serves
+every role, swapping checkpoints between phases.
 """
 import hashlib
 import json
@@ -14,83 +16,99 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.checkpoint import latest_checkpoint
+from memr1.engine.checkpoint import final_checkpoints
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
+
+ROLES = ("extract", "manager", "answer", "judge")
 
 
 def eval_cli(args) -> int:
     try:
         cfg = load_config(args.config, list(getattr(args, "overrides", None) or []))
-    except ConfigError as e:
+        models = cli_models(args)
+        out = run_eval(cfg, split=args.split, models=models)
+        if getattr(args, "compare", None):
+            print_comparison(Path(args.compare), out, cfg.eval.resamples, cfg.seed)
+    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:   # bad config, data, checkpoint
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        out = run_eval(cfg, split=args.split, checkpoint=getattr(args, "checkpoint", None))
-    except (ValueError, FileNotFoundError, ImportError) as e:   # bad data path, empty split, bad checkpoint
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0
 
 
-def role_models(base: Path, checkpoint: str | None) -> dict[str, Path]:
-    """Which weights play which role. Extraction and the local judge always use the base model (they
-    are not trained); the manager and the answer agent use `checkpoint`, which is either one HF
-    checkpoint (both roles) or a `memr1 train` run directory (each stage's latest checkpoint, the base
-    model for a stage that has none)."""
-    roles = {"extract": base, "manager": base, "answer": base, "judge": base}
-    if not checkpoint:
-        return roles
+def cli_models(args) -> dict[str, Path]:
+    """--checkpoint (one HF checkpoint for both trained roles, or a `memr1 train` run directory),
+    then --manager / --answer for one role each."""
+    models = role_models(args.checkpoint) if getattr(args, "checkpoint", None) else {}
+    for role in ("manager", "answer"):
+        if getattr(args, role, None):
+            models[role] = checked_model(getattr(args, role), f"--{role}")
+    return models
+
+
+def checked_model(path: str, what: str) -> Path:
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"{what} {path}: no config.json there (an HF checkpoint folder)")
+    return Path(path)
+
+
+def role_models(checkpoint: str) -> dict[str, Path]:
+    """The trained roles of `checkpoint`: one HF checkpoint (both roles), or a `memr1 train` run
+    directory (each role's final checkpoint; a role it never trained keeps the base model)."""
     path = Path(checkpoint)
     if (path / "config.json").is_file():
-        return {**roles, "manager": path, "answer": path}
+        return {"manager": path, "answer": path}
     if (path / "config.toml").is_file():
-        found = {stage: latest_checkpoint(path / stage) for stage in ("manager", "answer")}
-        if not any(found.values()):
+        stages = load_config(path / "config.toml").stages
+        found = final_checkpoints(path, stages)
+        if not found:
             raise ValueError(f"--checkpoint {path}: a run directory without any checkpoint yet")
-        return {**roles, **{stage: p for stage, p in found.items() if p is not None}}
+        return found
     raise ValueError(f"--checkpoint {path}: no config.json (HF checkpoint) or config.toml (run directory) there")
 
 
-def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None, generator=None,
-             label: str = "") -> Path:
+def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, generator=None,
+             label: str = "", baseline: str | None = None) -> Path:
     """Evaluate one split; write `<run_dir>/eval/<split>[.<label>].json` and print the table.
+    `models`: role -> checkpoint for the manager and/or the answer agent (others: the base model);
     `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
-    from memr1.engine.generation import SamplingConfig, make_generator, resolve_model
+    from memr1.engine.generation import make_generator, resolve_model
     from memr1.engine.swap import WeightSwap
     from memr1.rl.data import load_conversations
-    from memr1.rl.eval import evaluate, table, write_report
+    from memr1.rl.eval import Task, evaluate, table, write_report
+    from memr1.rl.judge import Judge
 
+    ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
     run_dir = cfg.resolved_run_dir()
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split=split)
+    convs = load_conversations(cfg.data.path or None, cfg.data.n, split=split)
     if not convs:
         source = cfg.data.path or f"the synthetic set (data.n={cfg.data.n})"
         raise ValueError(f"{source} has no conversations in split {split!r}")
-    if checkpoint and cfg.eval.baseline == "base":
-        raise ValueError("eval.baseline='base' evaluates the untrained model; drop --checkpoint")
+    if models and ecfg.baseline == "base":
+        raise ValueError("eval.baseline='base' evaluates the untrained model; drop the checkpoints")
     base = resolve_model(cfg.generator.model)
-    models = role_models(base, checkpoint)
-    ids = {role: model_identity(path) for role, path in models.items()}
+    paths = {**dict.fromkeys(ROLES, base), **(models or {})}
+    ids = {role: model_identity(p) for role, p in paths.items()}
     embedder = make_embedder(cfg)
     if generator is None:
-        generator = make_generator(cfg.generator)
+        generator = make_generator(cfg.generator, cfg.seed)
         swap = WeightSwap(generator, loaded=base)
     else:
         swap = WeightSwap(generator)
-    views = {role: swap.view(path) for role, path in models.items()}
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=64, seed=cfg.seed)
-    budget = cfg.generator.max_model_len
+    views = {role: swap.view(p) for role, p in paths.items()}
 
     def count_tokens(messages) -> int:
         text = generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return len(generator.tokenizer.encode(text, add_special_tokens=False))
 
-    facts_dir, banks_dir = cache_dirs(cfg, ids, run_dir)
-    report = evaluate(convs, split, views, embedder, cfg.eval, sampling=greedy, cache_dir=banks_dir,
-                      facts_dir=facts_dir, model_id=ids["answer"], extract_cfg=cfg.extract,
-                      manager_cfg=cfg.manager, answer_cfg=cfg.answer, judge=make_judge(cfg, views["judge"]),
-                      count_tokens=count_tokens, context_limit=budget, bank_overrides={"fsync": cfg.bank.fsync})
-    report["data"] = cfg.data.path or f"synthetic(n={cfg.data.n}, seed={cfg.data.seed})"
+    facts_dir, banks_dir = cache_dirs(cfg, ids, ecfg.max_turns)
+    judge = Judge(views["judge"] if cfg.judge.kind == "local" else openai_judge(cfg), cfg.judge) \
+        if cfg.judge.kind != "off" else None
+    report = evaluate(convs, split, views, embedder, ecfg, task=Task(cfg.extract, cfg.manager, cfg.answer),
+                      cache_dir=banks_dir, facts_dir=facts_dir, model_id=ids["answer"], judge=judge,
+                      count_tokens=count_tokens, context_limit=cfg.generator.max_model_len,
+                      bank_overrides={"fsync": cfg.bank.fsync}, batch_size=cfg.generator.batch_size)
+    report["data"] = cfg.data.path or f"synthetic(n={cfg.data.n})"
     report["models"], report["weight_swaps"] = ids, swap.swaps
     report["bank_cache"], report["facts_cache"] = str(banks_dir), str(facts_dir)
     out_dir = run_dir / "eval"
@@ -99,8 +117,8 @@ def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None, 
     (out_dir / f"{name}.config.toml").write_text(dump_toml(cfg))
     out = write_report(report, out_dir / f"{name}.json")
     print(table(report))
-    m = report["manager"]
-    if m:
+    if report["manager"]:
+        m = report["manager"]
         print(f"manager: {m['calls']} calls, {m['turns_per_call']} turn(s) per call, events {m['events']}")
     if report["oracle"]:
         o = report["oracle"]
@@ -112,17 +130,22 @@ def run_eval(cfg: RunConfig, split: str = "val", checkpoint: str | None = None, 
     return out
 
 
+def print_comparison(before: Path, after: Path, resamples: int, seed: int) -> dict:
+    """Paired differences (after - before) of two reports of one split, printed and returned."""
+    from memr1.rl.stats import compare_reports, format_comparison
+    a, b = (json.loads(Path(p).read_text()) for p in (before, after))
+    rows = compare_reports(a, b, resamples, seed)
+    print(format_comparison(rows, f"paired difference, {after.name} - {before.name} (points, seeded bootstrap)"))
+    return rows
+
+
+def openai_judge(cfg: RunConfig):
+    from memr1.rl.judge import OpenAIChatGenerator
+    return OpenAIChatGenerator(cfg.judge.url, cfg.judge.model, os.environ.get(cfg.judge.api_key_env))
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def make_judge(cfg: RunConfig, generator):
-    if cfg.eval.judge == "off":
-        return None
-    if cfg.eval.judge == "local":
-        return generator
-    from memr1.rl.judge import OpenAIChatGenerator
-    return OpenAIChatGenerator(cfg.eval.judge_url, cfg.eval.judge_model, os.environ.get(cfg.eval.judge_api_key_env))
 
 
 def model_identity(path: Path) -> str:
@@ -136,29 +159,26 @@ def model_identity(path: Path) -> str:
     return f"{path.resolve()}@{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
 
 
-def cache_keys(cfg: RunConfig, ids: dict[str, str]) -> tuple[str, str]:
+def cache_keys(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple[str, str]:
     """(extraction key, bank key). Each holds only what changes that content, so the trained eval of a
-    run reuses the base eval's extraction (both extract with the base model), and stage 2 of
-    `memr1 train` rebuilds its banks only when something that shapes them changed."""
-    e = cfg.eval
+    run reuses the base eval's extraction (both extract with the base model), and training items and
+    stage-2 banks are rebuilt only when something that shapes them changed."""
     common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
-              "dtype": cfg.generator.dtype, "backend": cfg.generator.backend,
-              "turns": {k: getattr(e, k) for k in ("extract_context_turns", "max_turns")}}
-    facts_key = {**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract),
-                 "max_new_tokens": e.extract_max_new_tokens}
-    facts_digest = _digest(facts_key)
-    bank_key = {"facts": facts_digest, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
-                "baseline_builds_banks": e.baseline in ("memr1", "base"),
-                "eval": {k: getattr(e, k) for k in ("manager_max_new_tokens", "manager_turns_per_call")}}
-    return facts_digest, _digest(bank_key)
+              "dtype": cfg.generator.dtype, "backend": cfg.generator.backend, "max_turns": max_turns}
+    facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract)})
+    bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager)})
+    return facts_key, bank_key
 
 
-def cache_dirs(cfg: RunConfig, ids: dict[str, str], run_dir: Path) -> tuple[Path, Path]:
-    """(extraction cache, bank cache) folders, under eval.cache_dir, $MEMR1_CACHE/eval or the run."""
-    e = cfg.eval
-    facts_key, bank_key = cache_keys(cfg, ids)
-    root = Path(e.cache_dir) if e.cache_dir else (
-        Path(os.environ["MEMR1_CACHE"]) / "eval" if os.environ.get("MEMR1_CACHE") else run_dir / "cache")
+def cache_root(cfg: RunConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else (
+        Path(os.environ["MEMR1_CACHE"]) / "eval" if os.environ.get("MEMR1_CACHE") else cfg.resolved_run_dir() / "cache")
+
+
+def cache_dirs(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple[Path, Path]:
+    """(extraction cache, bank cache) folders, under cache_dir, $MEMR1_CACHE/eval or the run."""
+    facts_key, bank_key = cache_keys(cfg, ids, max_turns)
+    root = cache_root(cfg)
     return root / "facts" / facts_key, root / "banks" / bank_key
 
 

@@ -1,36 +1,38 @@
-"""The learner: one optimizer step of GRPO or PPO on a batch of sampled sequences, on FSDP2.
+"""The learner: one optimizer step of GRPO or PPO on a rank's groups (rl/records.py), on FSDP2.
 
-Every rank is handed the same full `TrainBatch` (token ids are small) and trains on its contiguous
-1/world share. Group advantages and the loss denominators are computed on the full batch, so the step
-does not depend on how sequences fall onto ranks or micro-batches.
+Each rank trains on its own groups. Advantages are per group (GRPO) or per sequence (PPO), so they
+need nothing from other ranks; what crosses ranks is scalars only: the step's response-token and
+sequence counts (the loss denominators), the number of micro-batches, PPO's whitening moments, and the
+metric sums. Every micro-batch's loss is its share of the global mean, so the step does not depend on
+how groups fall onto ranks or micro-batches.
 
-Log-probs come from the base model's final hidden states and the lm_head weight through
-`kernels.logprobs`, only at response positions: no [tokens, vocab] fp32 logits ever exist.
+A group whose `advantages` are given (the warm start's scripted replies, advantage 1) is trained on
+those: with a ratio of 1 the surrogate's gradient is then the reply's negative log-likelihood.
 """
 from __future__ import annotations
 
 import math
+import random
 import time
-from dataclasses import dataclass
 from typing import Iterator, Literal
 
 import msgspec
+import numpy as np
 import torch
-from torch import nn
 
-from memr1 import kernels
 from memr1.engine import dist as dist_utils
-from memr1.engine.batching import Micro, build_micro, split_parts
+from memr1.engine.batching import Micro, build_micro, micro_count, split_units, units_of
+from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
 from memr1.rl.algos import Critic, GRPOConfig, PPOConfig, grpo_advantages, ppo_targets
 from memr1.rl.losses import Denom, LossConfig, kl_penalty, policy_loss, value_loss
+from memr1.rl.records import TrainBatch
 
 
-class LearnerConfig(msgspec.Struct, kw_only=True):
-    model_path: str = ""              # memr1 train fills it from generator.model
-    algo: Literal["grpo", "ppo"] = "grpo"
+class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    algo: Literal["grpo", "dr_grpo", "ppo"] = "grpo"   # dr_grpo: GRPO without std scaling and with a
+                                       # constant-length token sum (config resolution sets both)
     device: str = "cpu"
     attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa
-    lr: float = 1e-6                   # actor; the critic's is PPOConfig.critic_lr
     warmup_steps: int = 0              # linear warmup, then constant
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -40,130 +42,50 @@ class LearnerConfig(msgspec.Struct, kw_only=True):
     # (they dominate at RL sequence lengths) for about a third more compute. TRL's default too.
     activation_checkpointing: bool = True
     layout: Literal["auto", "packed", "rows"] = "auto"  # auto: packed with flash-attn, rows otherwise
-    share_prefix: bool = True          # rows layout: one copy of a prompt shared by its completions
+    share_prefix: bool = True          # rows layout: one copy of a prompt shared by its group
     pad_bucket: int = 64               # rows layout: row width rounds up to this
     anchor: Literal["current", "behaviour"] = "current"  # what the PPO ratio is taken against
-    temperature: float = 1.0           # the generator's sampling temperature
     logprob_chunk: int = 1024
-    seed: int = 0
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
 
 
-@dataclass
-class TrainBatch:
-    """What the loop hands the learner. Per sequence i (prompt + response, one 1-D tensor each):
-    response_mask[i][t] is True where token t is trained (t >= 1: token 0 has no prefix);
-    behav_logp[i][t] is the generator's log-prob of token t (read only where the mask is set).
-    GRPO takes either `advantages` [N] or `rewards` [N] + `group_ids` [N]; PPO takes `rewards`."""
-    input_ids: list[torch.Tensor]
-    response_mask: list[torch.Tensor]
-    behav_logp: list[torch.Tensor] | None = None
-    advantages: torch.Tensor | None = None
-    rewards: torch.Tensor | None = None
-    group_ids: torch.Tensor | None = None
-    weight_version: int = 0
-
-    def __len__(self):
-        return len(self.input_ids)
-
-    def validate(self, algo: str):
-        n = len(self.input_ids)
-        if n == 0:
-            raise ValueError("TrainBatch is empty: it holds no sequences")
-        if len(self.response_mask) != n or (self.behav_logp is not None and len(self.behav_logp) != n):
-            raise ValueError("TrainBatch: input_ids, response_mask and behav_logp must have one entry per sequence")
-        for i, (ids, m) in enumerate(zip(self.input_ids, self.response_mask)):
-            if ids.ndim != 1 or m.shape != ids.shape:
-                raise ValueError(f"TrainBatch sequence {i}: input_ids {tuple(ids.shape)} and response_mask "
-                                 f"{tuple(m.shape)} must be 1-D and equally long")
-            if m.numel() and bool(m[0]):
-                raise ValueError(f"TrainBatch sequence {i}: response_mask[0] is set, but token 0 has no prefix")
-            if self.behav_logp is not None and self.behav_logp[i].shape != ids.shape:
-                raise ValueError(f"TrainBatch sequence {i}: behav_logp {tuple(self.behav_logp[i].shape)} must "
-                                 f"match input_ids {tuple(ids.shape)}")
-        for name in ("advantages", "rewards", "group_ids"):
-            t = getattr(self, name)
-            if t is not None and t.shape != (n,):
-                raise ValueError(f"TrainBatch.{name} has shape {tuple(t.shape)}; expected ({n},)")
-        if algo == "grpo" and self.advantages is None and (self.rewards is None or self.group_ids is None):
-            raise ValueError("TrainBatch for GRPO needs `advantages`, or `rewards` and `group_ids`")
-        if algo == "ppo" and self.rewards is None:
-            raise ValueError("TrainBatch for PPO needs `rewards`")
-
-
-class PolicyModel(nn.Module):
-    """The causal LM plus the fused log-prob kernel in one forward, so that FSDP gathers the lm_head
-    weight (the root's parameter) for exactly the span of the kernel call."""
-
-    def __init__(self, lm: nn.Module, cfg: LearnerConfig):
-        super().__init__()
-        self.lm, self.temperature, self.chunk = lm, cfg.temperature, cfg.logprob_chunk
-
-    def forward(self, micro: Micro, entropy: bool = False):
-        base = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = base(input_ids=micro.input_ids, position_ids=micro.position_ids,
-                      attention_mask=micro.attention_mask, use_cache=False).last_hidden_state
-        hidden = hidden.reshape(-1, hidden.shape[-1])[micro.index]
-        return kernels.logprobs(hidden, self.lm.get_output_embeddings().weight, micro.targets,
-                                temperature=self.temperature, entropy=entropy, chunk_tokens=self.chunk)
-
-
-def load_lm(cfg: LearnerConfig, device: torch.device) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-    lm = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32,
-                                              attn_implementation=dist_utils.attn_implementation(cfg.attn_impl))
-    return checkpointed(lm, cfg).to(device)
-
-
-def checkpointed(model: nn.Module, cfg: LearnerConfig) -> nn.Module:
-    """HF's per-block activation checkpointing (non-reentrant, which FSDP2 needs). The blocks only
-    recompute in train mode; these models have no dropout, so train mode changes nothing else."""
-    if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
-    return model
-
-
-def adamw(params, lr: float, cfg: LearnerConfig):
-    # The fused kernel is one pass over the weights: 14x faster than foreach on this CPU for 135M params.
-    return torch.optim.AdamW(params, lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=True)
-
-
-def warmup_schedule(optim, warmup_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps else 1.0)
+def seed_everything(seed: int) -> None:
+    """torch, python and numpy streams from the run seed (a checkpoint saves and restores all three)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 class Learner:
-    def __init__(self, cfg: LearnerConfig):
-        if cfg.loss.kl_in_reward and cfg.algo == "grpo" and cfg.loss.kl_coef:
-            raise ValueError("kl_in_reward is supported with algo='ppo'; for GRPO put the KL in the loss")
-        if cfg.layout not in ("auto", "packed", "rows"):
-            raise ValueError(f"LearnerConfig.layout={cfg.layout!r}; expected auto, packed or rows")
-        self.cfg = cfg
+    def __init__(self, cfg: LearnerConfig, model_path: str, *, lr: float, temperature: float = 1.0, seed: int = 0):
+        """`model_path`: the weights to start from; `temperature`: the generator's sampling temperature
+        (log-probs are of the distribution sampled from); `seed`: the run seed."""
+        if cfg.loss.kl_in_reward and cfg.algo != "ppo" and cfg.loss.kl_coef:
+            raise ValueError("loss.kl_in_reward is supported with algo='ppo'; for GRPO put the KL in the loss")
+        self.cfg, self.lr = cfg, lr
         self.d = dist_utils.setup(cfg.device)
         attn = dist_utils.attn_implementation(cfg.attn_impl)
         # Packing needs a variable-length kernel; with mask-based attention it would cost O(packed^2).
         self.packed = cfg.layout == "packed" or (cfg.layout == "auto" and attn == "flash_attention_2")
-        torch.manual_seed(cfg.seed)
-        lm = load_lm(cfg, self.d.device)
+        seed_everything(seed)
+        ac, dev = cfg.activation_checkpointing, self.d.device
+        lm = load_lm(model_path, cfg.attn_impl, ac, dev)
         self.hf_config = lm.config
-        self.policy = dist_utils.shard(PolicyModel(lm, cfg), dist_utils.decoder_layers(lm), self.d)
-        self.optim = adamw(self.policy.parameters(), cfg.lr, cfg)
+        self.policy = dist_utils.shard(PolicyModel(lm, temperature, cfg.logprob_chunk), dist_utils.decoder_layers(lm), self.d)
+        self.optim = adamw(self.policy.parameters(), lr, cfg.betas, cfg.weight_decay)
         self.sched = warmup_schedule(self.optim, cfg.warmup_steps)
         self.ref = None
         if cfg.loss.kl_coef:  # coefficient 0: the reference model is never loaded
-            ref_lm = load_lm(cfg, self.d.device).requires_grad_(False)
-            self.ref = dist_utils.shard(PolicyModel(ref_lm, cfg), dist_utils.decoder_layers(ref_lm), self.d)
+            ref_lm = load_lm(model_path, cfg.attn_impl, ac, dev).requires_grad_(False)
+            self.ref = dist_utils.shard(PolicyModel(ref_lm, temperature, cfg.logprob_chunk),
+                                        dist_utils.decoder_layers(ref_lm), self.d)
         self.critic = None
         if cfg.algo == "ppo":
-            from transformers import AutoModel
-            backbone = AutoModel.from_pretrained(cfg.model_path, dtype=torch.float32,
-                                                 attn_implementation=dist_utils.attn_implementation(cfg.attn_impl))
-            critic = Critic(checkpointed(backbone, cfg), self.hf_config.hidden_size).to(self.d.device)
-            self.critic = dist_utils.shard(critic, backbone.layers, self.d)
-            self.critic_optim = adamw(self.critic.parameters(), cfg.ppo.critic_lr, cfg)
+            backbone = load_lm(model_path, cfg.attn_impl, ac, dev, head=False)
+            self.critic = dist_utils.shard(Critic(backbone, self.hf_config.hidden_size).to(dev), backbone.layers, self.d)
+            self.critic_optim = adamw(self.critic.parameters(), cfg.ppo.critic_lr, cfg.betas, cfg.weight_decay)
             self.critic_sched = warmup_schedule(self.critic_optim, cfg.warmup_steps)
         self.step = 0
         self.version = 0
@@ -172,27 +94,22 @@ class Learner:
     def train_step(self, batch: TrainBatch) -> dict:
         t0 = time.perf_counter()
         cfg, d = self.cfg, self.d
-        batch.validate(cfg.algo)
-        n = len(batch)
-        if n % d.world:
-            raise ValueError(f"batch of {n} sequences does not split over world size {d.world}")
-        top = max(int(x.max()) for x in batch.input_ids if x.numel())
-        if top >= self.hf_config.vocab_size or min(int(x.min()) for x in batch.input_ids if x.numel()) < 0:
-            raise ValueError(f"TrainBatch token ids must lie in [0, {self.hf_config.vocab_size}); max is {top}")
-        resp = [int(m.sum()) for m in batch.response_mask]
-        denom = Denom(tokens=float(sum(resp)), seqs=float(n), horizon=cfg.loss.horizon)
-        seq_adv = None
-        if cfg.algo == "grpo":
-            seq_adv = batch.advantages if batch.advantages is not None else grpo_advantages(
-                batch.rewards, batch.group_ids, cfg.grpo)
-            seq_adv = seq_adv.float().cpu()
-        parts = split_parts(batch, n, d.rank, d.world, cfg.micro_batch_tokens, self.packed, cfg.share_prefix)
-        micros = [build_micro(batch, p, self.packed, cfg.share_prefix, cfg.pad_bucket, d.device) for p in parts]
-        if cfg.algo == "ppo":
+        self._check(batch)
+        units = units_of(batch, cfg.share_prefix and not self.packed)
+        # Only scalars cross ranks: the loss denominators and the micro-batch count (collectives line up).
+        tokens, seqs, positions = d.all_reduce_sum(torch.tensor(
+            [float(batch.response_tokens), float(batch.num_seqs), float(batch.positions)], device=d.device)).tolist()
+        k = int(d.all_reduce_max(torch.tensor([micro_count(units, cfg.micro_batch_tokens)], device=d.device)).item())
+        if seqs == 0:
+            raise ValueError("TrainBatch is empty: no rank holds a sequence")
+        denom = Denom(tokens=tokens, seqs=seqs, horizon=cfg.loss.horizon)
+        micros = [build_micro(part, self.packed, cfg.pad_bucket, d.device) for part in split_units(units, k)]
+        if self.critic is not None:
             self._ppo_targets(batch, micros)
         else:
+            seq_adv = self._advantages(batch)
             for m in micros:
-                m.advantages = seq_adv[m.gseq][m.seq_ids.cpu()].to(d.device)
+                m.advantages = seq_adv[m.gseq][m.seq_ids.cpu()].to(d.device) if not m.dummy else torch.zeros(1, device=d.device)
 
         sums: dict[str, torch.Tensor] = {}
         for i, micro in enumerate(micros):
@@ -222,8 +139,8 @@ class Learner:
                                    denom, cfg.loss)
                 (vloss * scale).backward()
                 m["value_loss"] = vloss.detach()
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + (0.0 if micro.dummy else v.float())
+            for key, v in m.items():
+                sums[key] = sums.get(key, 0.0) + (0.0 if micro.dummy else v.float())
 
         lr = self.sched.get_last_lr()[0]  # the rate this step used
         actor_frozen = cfg.algo == "ppo" and self.step < cfg.ppo.critic_warmup
@@ -231,17 +148,36 @@ class Learner:
         if self.critic is not None:
             metrics["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_optim, self.critic_sched)
         names = sorted(sums)
-        totals = d.all_reduce_sum(torch.stack([torch.as_tensor(sums[k]).float().cpu() for k in names]).to(d.device))
-        for k, v in zip(names, totals.tolist()):
-            metrics[k] = v if k in ("loss", "value_loss") else v / max(denom.tokens, 1.0)
+        totals = d.all_reduce_sum(torch.stack([torch.as_tensor(sums[key]).float().cpu() for key in names]).to(d.device))
+        for key, v in zip(names, totals.tolist()):
+            metrics[key] = v if key in ("loss", "value_loss") else v / max(denom.tokens, 1.0)
         self.step += 1
         self.version += 1
         dt = time.perf_counter() - t0
-        total_tokens = sum(int(x.numel()) for x in batch.input_ids)
-        metrics.update(step=self.step, weight_version=self.version, lr=lr,
-                       tokens=total_tokens, train_s=dt, tokens_per_s=total_tokens / dt,
-                       staleness=self.version - 1 - batch.weight_version)
+        metrics.update(weight_version=self.version, lr=lr, positions=int(positions), train_s=dt,
+                       positions_per_s=positions / dt, staleness=self.version - 1 - batch.weight_version)
         return metrics
+
+    def _check(self, batch: TrainBatch) -> None:
+        vocab = self.hf_config.vocab_size
+        for g in batch.groups:
+            ids = [t for seq in [g.prompt_ids, *g.responses] for t in seq]
+            if ids and (max(ids) >= vocab or min(ids) < 0):
+                raise ValueError(f"group {g.source!r}: token ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
+
+    def _advantages(self, batch: TrainBatch) -> torch.Tensor:
+        """One advantage per sequence: given by the group, or GRPO's within-group normalisation."""
+        rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
+        if not rewards.numel():
+            return rewards
+        group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.responses])
+        adv = grpo_advantages(rewards, group_ids, self.cfg.grpo, num_groups=len(batch.groups)).float().cpu()
+        start = 0
+        for g in batch.groups:
+            if g.advantages is not None:
+                adv[start:start + len(g)] = torch.tensor(g.advantages, dtype=torch.float32)
+            start += len(g)
+        return adv
 
     def _set_sync(self, sync: bool):
         # Gradient accumulation: reduce-scatter only after the last micro-batch.
@@ -260,23 +196,37 @@ class Learner:
 
     @torch.no_grad()
     def _ppo_targets(self, batch: TrainBatch, micros: list[Micro]):
-        """Critic values and (optionally) KL penalties for every local token, then GAE over the shard."""
-        kl_coef = self.cfg.loss.kl_coef if self.cfg.loss.kl_in_reward else 0.0
+        """Critic values and (optionally) KL penalties for every local token, GAE per sequence, then
+        advantages whitened with moments summed over all ranks."""
+        cfg, d = self.cfg, self.d
+        kl_coef = cfg.loss.kl_coef if cfg.loss.kl_in_reward else 0.0
         for m in micros:
             m.old_values = self.critic(m.input_ids, m.position_ids, m.attention_mask).reshape(-1)[m.index]
             if kl_coef:
-                m.kl = kl_penalty(self.policy(m), self.ref(m), self.cfg.loss.kl_estimator)
+                m.kl = kl_penalty(self.policy(m), self.ref(m), cfg.loss.kl_estimator)
         real = [m for m in micros if not m.dummy]
-        seqs = torch.cat([m.seq_ids + off for m, off in zip(real, _offsets([m.num_seqs for m in real]))])
-        pos = torch.cat([m.pos_in_seq for m in real])
-        gseq = torch.cat([m.gseq for m in real])
-        n_local, t_max = len(gseq), int(pos.max()) + 1
-        grid = lambda flat: torch.zeros(n_local, t_max, device=flat.device).index_put_((seqs, pos), flat.float())
-        values = grid(torch.cat([m.old_values for m in real]))
-        mask = grid(torch.ones_like(pos, dtype=torch.float32)).bool()
-        kl = grid(torch.cat([m.kl for m in real])) if kl_coef else None
-        adv, ret = ppo_targets(batch.rewards[gseq].float().to(values.device), values, mask, self.cfg.ppo, kl, kl_coef)
-        flat_adv, flat_ret, start = adv[seqs, pos], ret[seqs, pos], 0
+        flat_adv = flat_ret = torch.zeros(0, device=d.device)
+        if real:
+            rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
+            offsets = torch.tensor([0] + [m.num_seqs for m in real]).cumsum(0)
+            seqs = torch.cat([m.seq_ids + off for m, off in zip(real, offsets.tolist())])
+            pos = torch.cat([m.pos_in_seq for m in real])
+            gseq = torch.cat([m.gseq for m in real])
+            grid = lambda flat: torch.zeros(len(gseq), int(pos.max()) + 1, device=flat.device).index_put_(
+                (seqs, pos), flat.float())
+            values = grid(torch.cat([m.old_values for m in real]))
+            mask = grid(torch.ones_like(pos, dtype=torch.float32)).bool()
+            kl = grid(torch.cat([m.kl for m in real])) if kl_coef else None
+            adv, ret = ppo_targets(rewards[gseq].to(values.device), values, mask,
+                                   msgspec.structs.replace(cfg.ppo, whiten=False), kl, kl_coef)
+            flat_adv, flat_ret = adv[seqs, pos], ret[seqs, pos]
+        if cfg.ppo.whiten:
+            s, sq, n = d.all_reduce_sum(torch.stack([flat_adv.sum(), flat_adv.square().sum(),
+                                                     torch.tensor(float(flat_adv.numel()), device=d.device)])).tolist()
+            mean = s / max(n, 1.0)
+            var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
+            flat_adv = (flat_adv - mean) / math.sqrt(max(var, 0.0) + 1e-8)
+        start = 0
         for m in micros:
             size = 0 if m.dummy else m.index.numel()
             m.advantages = flat_adv[start:start + size] if size else torch.zeros_like(m.old_values)
@@ -307,18 +257,12 @@ class Learner:
             yield bucket
 
     # -- checkpoints -------------------------------------------------------------------------------------
-    def save_checkpoint(self, run_dir: str, data_state: dict | None = None) -> str:
+    def save_checkpoint(self, stage_dir: str, step: int, data_state: dict | None = None, model_dir: str = "") -> str:
+        """`checkpoints/step_<step>/` under `stage_dir`, named by the caller's (the loop's) step.
+        `model_dir`: where tokenizer files and the generation config come from (see checkpoint.save)."""
         from memr1.engine import checkpoint
-        return checkpoint.save(self, run_dir, data_state or {})
+        return checkpoint.save(self, stage_dir, step, data_state or {}, model_dir)
 
     def load_checkpoint(self, path: str) -> dict:
         from memr1.engine import checkpoint
         return checkpoint.load(self, path)
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    out, acc = [], 0
-    for s in sizes:
-        out.append(acc)
-        acc += s
-    return out

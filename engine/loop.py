@@ -9,30 +9,32 @@ nothing is generated that would have to be thrown away. max_staleness = 0 is syn
 The loop knows nothing of Memory-R1: a Stage turns a step number into a TrainBatch (prompts ->
 completions -> rewards), and the learner trains on it.
 
-Data parallel (torchrun): each rank runs its own producer on its share of the step's prompts, and
-`gather` (engine/dist.py) turns the ranks' items into one global item. It runs in this (the learner)
-thread, so every collective (gather, FSDP step, weight export, checkpoint) is issued from one thread in
-the same order on all ranks. Because the gather also carries each rank's stop request and failure, all
-ranks agree on what to do with a step: train it, skip it, stop, or raise.
+Data parallel (torchrun): each rank runs its own producer on its share of the step's prompts and trains
+on its own groups; `agree` (engine/dist.py) makes all ranks agree, with scalar all-reduces, on what to
+do with a step: train it, skip it, stop, or raise. It runs in this (the learner) thread, so every
+collective (agreement, FSDP step, weight export, checkpoint) is issued from one thread in the same
+order on all ranks.
 """
 import queue
 import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 import msgspec
 
+from memr1.rl.records import Rollout
+
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    steps: int = 4
     max_staleness: int = 0          # 0: synchronous; k: rollouts may run k weight versions ahead
     sync_every: int = 1             # push weights to the generator every n learner steps
     on_rollout_error: Literal["stop", "skip"] = "stop"
     max_skipped: int = 8            # with "skip": stop once this many rollouts failed
     checkpoint_every: int = 0       # 0: only at the end and on SIGINT/SIGTERM
+    validate_every: int = 0         # validate (greedy, on the val split) every n steps and at the end; 0: never
     weight_bucket_mb: int = 256
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
@@ -43,7 +45,7 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class Stage(Protocol):
     name: str
 
-    def rollout(self, step: int, generator) -> "Rollout":
+    def rollout(self, step: int, generator) -> Rollout:
         """Sample and score the batch of `step` (chosen by step, so a resumed run sees the same data)."""
 
 
@@ -51,14 +53,6 @@ class Learner(Protocol):
     def train_step(self, batch) -> dict: ...
     def export_weights(self, bucket_bytes: int): ...
     def weight_manifest(self) -> dict: ...
-
-
-@dataclass
-class Rollout:
-    batch: Any                      # the learner's TrainBatch
-    metrics: dict = field(default_factory=dict)  # reward_mean, op mix, parse failures, gen_s, score_s...
-    step: int = -1
-    weight_version: int = -1        # version of the weights the completions were sampled with
 
 
 @dataclass
@@ -75,8 +69,8 @@ class RolloutFailure:
             self.what = f"{type(self.error).__name__}: {self.error}"
 
 
-def no_gather(item):
-    """World 1: this rank's item is the step's item (None: a stop was requested)."""
+def alone(item, step: int):
+    """World 1: this process's item is the step's item (None: a stop was requested)."""
     return item
 
 
@@ -85,10 +79,11 @@ class RolloutError(RuntimeError):
 
 
 class Loop:
-    def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig,
+    def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig, steps: int,
                  on_step: Callable[[dict], None] = lambda m: None,
                  save_checkpoint: Callable[[int], None] = lambda step: None,
-                 gather: Callable[[Any], Any] = no_gather):
+                 validate: Callable[[int], dict] | None = None,
+                 agree: Callable[[Any, int], Any] = alone):
         if cfg.sync_every < 1 or cfg.max_staleness < 0:
             raise ValueError("loop.sync_every must be >= 1 and loop.max_staleness >= 0")
         if cfg.sleep_while_training and cfg.max_staleness != 0:
@@ -98,12 +93,13 @@ class Loop:
             raise ValueError(f"loop.sync_every={cfg.sync_every} needs loop.max_staleness >= {cfg.sync_every - 1}: "
                              f"rollouts are sampled with weights up to sync_every-1 versions old")
         self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
-        self.on_step, self.save_checkpoint, self.gather = on_step, save_checkpoint, gather
+        self.steps, self.on_step, self.save_checkpoint, self.agree = steps, on_step, save_checkpoint, agree
+        self.validate = validate   # step -> val_* metrics, run with the generator holding that step's weights
         self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
         self.gen_lock = threading.Lock()       # generation and weight loading never overlap
         self.cond = threading.Condition()      # signals a new generator weight version / a stop
         self.stop_requested = False
-        self.stats = {"skipped": 0, "too_stale": 0}  # "skipped" also sets the producer's capacity (under cond)
+        self.stats = {"skipped": 0}  # also sets the producer's capacity (updated under cond)
 
     # ---- producer thread ----
     def _produce(self, start: int, end: int, start_version: int) -> None:
@@ -131,9 +127,9 @@ class Loop:
 
     # ---- learner (the calling thread) ----
     def run(self, start_step: int = 0, start_version: int | None = None) -> dict:
-        """Consume rollouts [start_step, cfg.steps). Each trained one bumps the weight version; the
+        """Consume rollouts [start_step, steps). Each trained one bumps the weight version; the
         generator must hold `start_version` (default: start_step) when this starts."""
-        end = self.cfg.steps
+        end = self.steps
         version = start_step if start_version is None else start_version
         producer = threading.Thread(target=self._produce, args=(start_step, end, version), name="rollout",
                                     daemon=True)
@@ -143,8 +139,8 @@ class Loop:
         try:
             while step < end:
                 t0 = time.perf_counter()
-                # Every rank reaches the gather each step, so a stop or failure on one reaches all.
-                item = self.gather(self._next_item(producer, step))
+                # Every rank reaches the agreement each step, so a stop or failure on one reaches all.
+                item = self.agree(self._next_item(producer, step), step)
                 idle_s = time.perf_counter() - t0
                 if item is None:  # a stop was requested (on some rank)
                     break
@@ -153,8 +149,7 @@ class Loop:
                     self._handle_failure(item)
                     continue
                 staleness = version - item.weight_version
-                if staleness > self.cfg.max_staleness:  # cannot happen by construction; counted if it does
-                    self.stats["too_stale"] += 1
+                if staleness > self.cfg.max_staleness:  # cannot happen by construction
                     raise RuntimeError(f"rollout of step {step} is {staleness} versions stale "
                                        f"(bound {self.cfg.max_staleness})")
                 sleep_s = self._set_awake(False)
@@ -163,9 +158,17 @@ class Loop:
                 train_s = time.perf_counter() - t1
                 sleep_s += self._set_awake(True)
                 version += 1
-                due = version % self.cfg.sync_every == 0 or step == end
+                every = self.cfg.validate_every
+                validating = self.validate is not None and every and (step % every == 0 or step == end)
+                due = version % self.cfg.sync_every == 0 or step == end or validating
                 sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
-                last = {**item.metrics, **train,  # the loop's own keys win over the learner's counters
+                val = {}
+                if validating:
+                    t2 = time.perf_counter()
+                    with self.gen_lock:
+                        val = self.validate(step)
+                    val["val_s"] = time.perf_counter() - t2
+                last = {**item.metrics, **train, **val,  # the loop's own keys win over the learner's counters
                         "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
                         "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
                         "sleep_s": sleep_s,

@@ -1,12 +1,15 @@
 """`memr1 train --dry-run`: the resolved plan and a per-rank memory estimate, checked against the
-machine before anything starts. Estimates come from the model's config.json, not from loading it."""
+machine before anything starts. Estimates come from the model's config.json, not from loading it.
+A plan can be made on any machine: planning a GPU run (or for a model that is elsewhere) from a CPU
+machine prints the plan and says what it could not check here."""
 import json
 import os
 
 import torch
 
 from memr1.engine.config import RunConfig
-from memr1.engine.stages import world_problem
+from memr1.engine.resolve import budget_warnings, problems, role_of
+from memr1.rl.agents.answer import distillation_bound
 
 GiB = 2**30
 
@@ -28,8 +31,7 @@ def estimate(cfg: RunConfig, model_config: dict, world: int, on_gpu: bool) -> di
         model_config.get("head_dim", h // model_config["num_attention_heads"])
     compute_bytes = 2 if on_gpu else 4
     seq = cfg.generator.max_model_len
-    rollouts = cfg.stage.prompts_per_step * cfg.stage.group_size
-    tokens_per_step = rollouts * seq
+    rollouts = max(s.prompts_per_step * s.group_size for s in stage_configs(cfg).values()) // world
     est = {
         "params": n,
         # FSDP shards parameters, gradients and AdamW's two moments; fp32 master weights on every path.
@@ -37,41 +39,58 @@ def estimate(cfg: RunConfig, model_config: dict, world: int, on_gpu: bool) -> di
         "learner_grads_gib": n * 4 / world / GiB,
         "optimizer_gib": n * 8 / world / GiB,
         "reference_gib": (n * compute_bytes / world / GiB) if cfg.learner.loss.kl_coef else 0.0,
+        "critic_gib": (n * 16 / world / GiB) if cfg.learner.algo == "ppo" else 0.0,
         # one micro-batch of activations: hidden states kept per layer (about 16 values per token-dim)
         "activations_gib": cfg.learner.micro_batch_tokens * h * layers * 16 * compute_bytes / GiB,
-        "generator_weights_gib": n * compute_bytes / GiB * (2 if "manager" in cfg.stages else 1),
+        "generator_weights_gib": n * compute_bytes / GiB * 2,   # the policy engine and the swap engine
         "kv_cache_gib": rollouts * seq * layers * 2 * kv_dim * compute_bytes / GiB,
-        "tokens_per_step": tokens_per_step,
     }
     est["total_gib"] = sum(v for k, v in est.items() if k.endswith("_gib"))
     return est
 
 
-def plan_text(cfg: RunConfig) -> tuple[str, bool]:
+def stage_configs(cfg: RunConfig) -> dict:
+    return {name: getattr(cfg.stage, name) for name in cfg.stages}
+
+
+def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
+    """(the plan, whether it can start). A dry run only fails on problems of the plan itself."""
     from memr1.engine.generation import resolve_model
 
     on_gpu = cfg.learner.device.startswith("cuda")
-    if on_gpu and not torch.cuda.is_available():
-        return (f"learner.device={cfg.learner.device!r} but this machine has no CUDA device; "
-                f"use learner.device=cpu"), False
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rollouts = cfg.stage.prompts_per_step * cfg.stage.group_size
-    if problem := world_problem(cfg.stage.prompts_per_step, world):
-        return problem, False
-    model_dir = resolve_model(cfg.generator.model)
+    lines = [f"run {cfg.name}: stages {' -> '.join(cfg.stages)}, algo {cfg.learner.algo}, reward {cfg.reward.kind}, "
+             f"max_staleness {cfg.loop.max_staleness}",
+             f"placement: {world} rank(s), learner on {cfg.learner.device}, generator backend "
+             f"{cfg.generator.backend} colocated on the same device(s)"]
+    for name, s in stage_configs(cfg).items():
+        budget = cfg.manager.max_new_tokens if role_of(name) == "manager" else cfg.answer.max_new_tokens
+        lines.append(f"  {name:13} {s.steps:>5} steps x {s.prompts_per_step} prompts x {s.group_size} = "
+                     f"{s.prompts_per_step * s.group_size} completions/step ({s.prompts_per_step // max(world, 1)} "
+                     f"prompts per rank), lr {s.lr:g}, up to {budget} new tokens")
+    lines.append(f"token budgets: extract {cfg.extract.max_new_tokens}, manager {cfg.manager.max_new_tokens}, answer "
+                 f"{cfg.answer.max_new_tokens} (a one-memory distillation takes at most {distillation_bound(cfg.answer)})")
+    found = problems(cfg, world) + [f"warning: {w}" for w in budget_warnings(cfg)]
+    lines += found
+    fits = not problems(cfg, world)
+    if on_gpu and not torch.cuda.is_available():
+        if not dry_run:
+            return "\n".join(lines + [f"learner.device={cfg.learner.device!r} but this machine has no CUDA device; "
+                                      f"use learner.device=cpu"]), False
+        lines.append("memory: not checked (planned for CUDA on a machine without one)")
+        return "\n".join(lines), fits
+    try:
+        model_dir = resolve_model(cfg.generator.model)
+    except ValueError as e:
+        lines.append(f"memory: not checked ({e})")
+        return "\n".join(lines), fits and dry_run
     est = estimate(cfg, json.loads((model_dir / "config.json").read_text()), world, on_gpu)
     if on_gpu:
         available = torch.cuda.get_device_properties(0).total_memory / GiB
     else:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB / world
-    fits = est["total_gib"] < 0.9 * available
-    lines = [f"run {cfg.name}: stages {cfg.stages}, {cfg.loop.steps} steps each, algo {cfg.learner.algo}, "
-             f"max_staleness {cfg.loop.max_staleness}",
-             f"placement: {world} rank(s), learner on {cfg.learner.device}, generator backend "
-             f"{cfg.generator.backend} colocated on the same device(s)",
-             f"model {model_dir} ({est['params'] / 1e6:.1f}M params)",
-             f"per step: {rollouts} rollouts ({cfg.stage.prompts_per_step} prompts x {cfg.stage.group_size}), "
-             f"up to {est['tokens_per_step']:,} tokens"]
+    room = est["total_gib"] < 0.9 * available
+    lines.append(f"model {model_dir} ({est['params'] / 1e6:.1f}M params); per rank:")
     lines += [f"  {k:<24}{v:8.2f} GiB" for k, v in est.items() if k.endswith("_gib")]
-    lines.append(f"available per rank: {available:.1f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
-    return "\n".join(lines), fits
+    lines.append(f"available per rank: {available:.1f} GiB -> {'fits' if room else 'DOES NOT FIT'}")
+    return "\n".join(lines), fits and room

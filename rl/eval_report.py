@@ -102,20 +102,19 @@ def oracle_scores(conv, steps: list[dict], memories: list[str],
     oracle_by_turn = {e["dia_id"]: e["event"] for e in timeline}
     done = [g for s in steps for g in s.get("groups", [])]
     called = {d for g in done for d in g["dia_ids"]}
-    inter = union = 0
+    calls = []   # one record per manager call (and per oracle turn that never reached one): paired units
     for g in done:
         o = Counter(oracle_by_turn[d] for d in g["dia_ids"] if d in oracle_by_turn) or Counter(["NONE"])
         p = Counter(e for e in g["events"] if e != "NONE") or Counter(["NONE"])
-        inter += sum((o & p).values())
-        union += sum((o | p).values())
+        calls.append({"sample_id": conv.sample_id, "dia_ids": list(g["dia_ids"]), "inter": sum((o & p).values()),
+                      "union": sum((o | p).values())})
     for d, event in oracle_by_turn.items():   # oracle turns that never reached the manager
         if d not in called:
-            inter += event == "NONE"
-            union += 1
+            calls.append({"sample_id": conv.sample_id, "dia_ids": [d], "inter": int(event == "NONE"), "union": 1})
     final = list(conv.oracle["final_facts"].values()) if turns_limit is None else _facts_after(timeline)
     matched = match_facts(memories, final, threshold)
-    return {"op_inter": inter, "op_union": union, "facts": len(final), "memories": len(memories),
-            "matched": matched}
+    return {"op_inter": sum(c["inter"] for c in calls), "op_union": sum(c["union"] for c in calls),
+            "facts": len(final), "memories": len(memories), "matched": matched, "calls": calls}
 
 
 def _facts_after(timeline: list[dict]) -> list[str]:
@@ -138,5 +137,6 @@ def summarize_oracle(parts: list[dict]) -> dict | None:
             "fact_recall": matched / facts if facts else None,
             "fact_precision": matched / mems if mems else None,
             "n_conversations": len(parts), "n_final_facts": facts, "n_memories": mems, "n_matched": matched,
+            "calls": [c for p in parts for c in p["calls"]],
             "definition": "op accuracy: multiset |O&P|/|O|P| per manager call; facts: one-to-one token-F1 "
                           "match (function words dropped) at eval.fact_match_f1"}

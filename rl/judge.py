@@ -10,6 +10,7 @@ import urllib.request
 
 import msgspec
 
+from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.jsonish import extract_json
 
 LABELS = ("CORRECT", "WRONG")
@@ -62,7 +63,37 @@ class JudgeReport(msgspec.Struct):
         return 100.0 * self.n_correct / judged if judged else 0.0
 
 
-def judge_answers(generator, items: list[tuple[str, str, str]], sampling=None, retries: int = 2) -> JudgeReport:
+class JudgeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Who grades answers, for the J metric and for `reward.kind = "judge"`."""
+    kind: str = "off"                 # off | local (the base model) | openai (url + model)
+    url: str = ""                     # an OpenAI-compatible API base, e.g. http://localhost:8000/v1
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    retries: int = 2
+    max_new_tokens: int = 64
+
+    def __post_init__(self):
+        if self.kind not in ("off", "local", "openai"):
+            raise ValueError(f"judge.kind must be off, local or openai, got {self.kind!r}")
+        if self.kind == "openai" and not (self.url and self.model):
+            raise ValueError("judge.kind = 'openai' needs judge.url and judge.model")
+        if self.retries < 0 or self.max_new_tokens < 1:
+            raise ValueError("judge.retries must be >= 0 and judge.max_new_tokens >= 1")
+
+
+class Judge:
+    """A judge generator with its settings: `label(items)` grades (question, gold, answer) triples."""
+
+    def __init__(self, generator, cfg: JudgeConfig):
+        self.generator, self.cfg = generator, cfg
+
+    def label(self, items: list[tuple[str, str, str]]) -> JudgeReport:
+        sampling = SamplingConfig(temperature=0.0, max_new_tokens=self.cfg.max_new_tokens)
+        return judge_answers(self.generator, items, sampling, self.cfg.retries)
+
+
+def judge_answers(generator, items: list[tuple[str, str, str]], sampling: SamplingConfig,
+                  retries: int = 2) -> JudgeReport:
     """Label (question, gold, answer) items with one batched call, then retry the unreadable ones."""
     labels: list[str | None] = [None] * len(items)
     prompts = [build_judge_messages(q, g, a) for q, g, a in items]
@@ -92,12 +123,6 @@ class TextCompletion(msgspec.Struct):
     finish_reason: str | None = None
 
 
-def _sampling_value(sampling, key: str, default):
-    if isinstance(sampling, dict):
-        return sampling.get(key, default)
-    return getattr(sampling, key, default) if sampling is not None else default
-
-
 class OpenAIChatGenerator:
     """A `Generator` over an OpenAI-compatible `/chat/completions` endpoint (one request per prompt).
     `url` is the API base, e.g. "http://localhost:8000/v1"."""
@@ -117,14 +142,13 @@ class OpenAIChatGenerator:
         with urllib.request.urlopen(req, timeout=self.timeout) as resp:
             return json.loads(resp.read())
 
-    def generate(self, prompts: list, n: int = 1, sampling=None) -> list[list[TextCompletion]]:
+    def generate(self, prompts: list, n: int, sampling: SamplingConfig) -> list[list[TextCompletion]]:
         out = []
         for messages in prompts:
             if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
                 raise TypeError("OpenAIChatGenerator takes chat message lists, not token ids")
             body = {"model": self.model, "messages": messages, "n": n,
-                    "temperature": _sampling_value(sampling, "temperature", 0.0),
-                    "max_tokens": _sampling_value(sampling, "max_tokens", 256)}
+                    "temperature": sampling.temperature, "max_tokens": sampling.max_new_tokens}
             choices = self._post(body).get("choices", [])
             out.append([TextCompletion(text=(c.get("message") or {}).get("content") or "",
                                        finish_reason=c.get("finish_reason")) for c in choices])

@@ -132,6 +132,7 @@ def policy_loss(logp, old_logp, advantages, seq_ids, num_seqs: int, denom: Denom
             "ratio": ratio.detach().sum(),
             "kl": kl.detach().sum() if kl is not None else zero,
             "entropy": entropy.detach().sum() if entropy is not None else zero,
+            "nll": -logp.detach().sum(),   # of the trained tokens; a warm start's supervised loss
         }
     return loss, metrics
 

@@ -10,6 +10,9 @@
 import math
 import re
 from collections import Counter
+from typing import Literal
+
+import msgspec
 
 _PUNCT = str.maketrans({".": " ", ",": " ", "!": " ", "?": " "})
 
@@ -93,3 +96,37 @@ def score_answer(prediction: str, gold: str) -> dict[str, float]:
     """All three metrics for one answer; eval averages these per category."""
     return {"em": exact_match(prediction, gold), "f1": f1(prediction, gold),
             "bleu1": bleu1(prediction, gold)}
+
+
+# ---- training rewards: small functions that return their breakdown (the parts sum to the reward) ----
+class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["em", "f1", "judge"] = "em"   # what scores an answer; the paper trains on EM
+    format_penalty: float = 1.0        # manager: the completion is not the op JSON
+    invalid_op_penalty: float = 0.0    # manager: per op dropped (unknown id or event, duplicate) or
+                                       # rejected by the bank
+    answer_format_penalty: float = 0.0  # answer agent: no "Answer:" line
+
+
+def answer_score(prediction: str, gold: str, kind: str, judge_label: str | None = None) -> float:
+    """The outcome score of one answer: EM, token-set F1, or the judge's CORRECT (1) / other (0)."""
+    if kind == "em":
+        return exact_match(prediction, gold)
+    if kind == "f1":
+        return f1(prediction, gold)
+    if kind == "judge":
+        return float(judge_label == "CORRECT")
+    raise ValueError(f"reward.kind must be em, f1 or judge, got {kind!r}")
+
+
+def answer_reward(score: float, has_answer_tag: bool, cfg: RewardConfig) -> dict[str, float]:
+    """The answer agent's reward parts: the outcome score, minus a penalty without an `Answer:` line."""
+    return {cfg.kind: score, "format": 0.0 if has_answer_tag else -cfg.answer_format_penalty}
+
+
+def manager_reward(answer_scores: list[float], parsed: bool, invalid_ops: int, cfg: RewardConfig
+                   ) -> dict[str, float]:
+    """The manager's reward parts: the frozen answer agent's mean score on the edited bank (the
+    paper's outcome reward), minus the format and invalid-op penalties."""
+    outcome = sum(answer_scores) / len(answer_scores) if answer_scores else 0.0
+    return {cfg.kind: outcome, "format": 0.0 if parsed else -cfg.format_penalty,
+            "invalid_op": -cfg.invalid_op_penalty * invalid_ops}

@@ -4,13 +4,22 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import AnswerConfig, build_answer_messages, parse_answer, retrieve_for_questions
+from memr1.rl.agents.answer import (AnswerConfig, build_answer_messages, distillation_bound, one_memory_distillation,
+                                    parse_answer)
 from memr1.rl.agents.extract import build_extract_messages, parse_facts
 from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
                                      parse_manager_output, to_store_ops)
 from memr1.rl.data.synthetic import synthesize
+from memr1.rl.rewards import RewardConfig, manager_reward
+from memr1.rl.turns import AnswerRequest, answer_prompts
 
 DIM = 64
+
+
+def store(ops, bank_ids, emb, speaker, timestamp=""):
+    """to_store_ops with the ADD / UPDATE texts embedded in one call, as rl.turns.decide does."""
+    texts = [op.text for op in ops if op.event in ("ADD", "UPDATE")]
+    return to_store_ops(ops, bank_ids, emb.embed(texts) if texts else [], speaker, timestamp)
 
 
 class CountingEmbedder(HashEmbedder):
@@ -78,24 +87,27 @@ def test_manager_parser_cases():
     ops, d = parse_manager_output('[{"id": "0", "event": "NOOP"}, {"id": "0", "text": "t", "event": "UPDATE"}]', 1)
     assert [o.event for o in ops] == ["NONE"] and d.duplicate_ids == 1 and d.status == "invalid_item"
     ops, d = parse_manager_output('{"memory": []}', 3)
-    assert ops == [] and d.status == "ok" and d.penalty == 0.0
+    assert ops == [] and d.status == "ok"
 
 
-def test_manager_parse_failure_means_no_ops_and_a_penalty():
-    cfg = ManagerConfig(format_penalty=0.7, hallucination_penalty=0.1)
+def test_manager_parse_failure_means_no_ops_and_the_reward_says_why():
+    cfg = RewardConfig(format_penalty=0.7, invalid_op_penalty=0.1)
     for bad in ("", "I think we should add it.", '{"memory": "none"}', None, 17, "{{{{"):
-        ops, d = parse_manager_output(bad, 3, cfg)
-        assert ops == [] and not d.parsed and d.status == "parse_error" and d.penalty == 0.7 and d.error
-    out = '{"memory": [{"id": "5", "event": "DELETE"}, {"id": "-1", "event": "DELETE"}]}'
-    _, d = parse_manager_output(out, 3, cfg)
-    assert d.penalty == pytest.approx(0.2) and d.hallucinated_ids == ["5", "-1"]
+        ops, d = parse_manager_output(bad, 3)
+        assert ops == [] and not d.parsed and d.status == "parse_error" and d.error
+        assert manager_reward([1.0], d.parsed, 0, cfg) == {"em": 1.0, "format": -0.7, "invalid_op": 0.0}
+    out = '{"memory": [{"id": "5", "event": "DELETE"}, {"id": "-1", "event": "DELETE"}, {"id": "--1"}, {"id": "²"}]}'
+    _, d = parse_manager_output(out, 3)
+    assert d.hallucinated_ids == ["5", "-1"] and d.invalid_items == 2   # odd ids never crash the parser
+    parts = manager_reward([0.0, 1.0], d.parsed, 4, cfg)
+    assert parts == {"em": 0.5, "format": 0.0, "invalid_op": pytest.approx(-0.4)}
 
 
-def test_to_store_ops_one_embedder_call_and_applies_to_a_bank():
+def test_store_ops_apply_to_a_fork_only():
     emb = CountingEmbedder()
     bank = MemoryBank.create(None, dim=DIM)
-    a = bank.apply_batch(to_store_ops([ManagerOp("ADD", None, "Andrew has 1 dog"),
-                                       ManagerOp("ADD", None, "Andrew lives in Lyon")], [], emb, "Andrew", "t1"))
+    a = bank.apply_batch(store([ManagerOp("ADD", None, "Andrew has 1 dog"),
+                                ManagerOp("ADD", None, "Andrew lives in Lyon")], [], emb, "Andrew", "t1"))
     assert emb.calls == 1 and len(bank) == 2
     memories = bank.items_for_prompt()
     prompt = build_manager_prompt(["Andrew has 2 dogs"], memories[::-1])   # local 0 -> bank id a[1]
@@ -103,7 +115,7 @@ def test_to_store_ops_one_embedder_call_and_applies_to_a_bank():
                                  {"id": "0", "text": "Andrew lives in Lyon", "event": "DELETE"},
                                  {"id": "2", "text": "Andrew likes tea", "event": "ADD"}]})
     ops, d = parse_manager_output(out, len(prompt.bank_ids))
-    store_ops = to_store_ops(ops, prompt.bank_ids, emb, "Andrew", "t2")
+    store_ops = store(ops, prompt.bank_ids, emb, "Andrew", "t2")
     assert emb.calls == 2 and d.status == "ok"
     child = bank.fork()
     child.apply_batch(store_ops)
@@ -111,7 +123,7 @@ def test_to_store_ops_one_embedder_call_and_applies_to_a_bank():
     assert child.get(a[0]).timestamp == "t2" and a[1] not in child
     assert len(bank) == 2   # the parent is untouched
     # all-NONE output: no store ops, no embedder call
-    assert to_store_ops([ManagerOp("NONE", 0)], prompt.bank_ids, emb, "Andrew") == [] and emb.calls == 2
+    assert store([ManagerOp("NONE", 0)], prompt.bank_ids, emb, "Andrew") == [] and emb.calls == 2
 
 
 def test_oracle_manager_rebuilds_the_final_facts_through_prompts_and_parser():
@@ -129,7 +141,7 @@ def test_oracle_manager_rebuilds_the_final_facts_through_prompts_and_parser():
                 item["old_memory"] = e["old_memory"]
             ops, d = parse_manager_output(json.dumps({"memory": [item]}), len(prompt.bank_ids))
             assert d.status == "ok" and len(ops) == 1
-            result = bank.apply_batch(to_store_ops(ops, prompt.bank_ids, emb, e["speaker"], e["date"]))
+            result = bank.apply_batch(store(ops, prompt.bank_ids, emb, e["speaker"], e["date"]))
             if e["event"] == "ADD":
                 slot_ids[e["slot"]] = result[0]
             elif e["event"] == "DELETE":
@@ -142,7 +154,7 @@ def test_memories_for_facts_merges_without_duplicates():
     emb = HashEmbedder(dim=DIM)
     bank = MemoryBank.create(None, dim=DIM)
     texts = [f"fact number {i}" for i in range(12)]
-    bank.apply_batch(to_store_ops([ManagerOp("ADD", None, t) for t in texts], [], emb, "A"))
+    bank.apply_batch(store([ManagerOp("ADD", None, t) for t in texts], [], emb, "A"))
     got = memories_for_facts(bank, emb.embed(["fact number 3", "fact number 3", "fact number 7"]), k=5)
     assert len(got) == 5 and len({g[0] for g in got}) == 5
     assert got[0][1] == "fact number 3" and got[1][1] == "fact number 7"
@@ -175,16 +187,31 @@ def test_answer_parser():
     assert parse_answer("").answer == "" and parse_answer(None).answer == ""
 
 
-def test_retrieve_for_questions_batches_embedding():
+def test_answer_prompts_embed_each_question_once():
     emb = CountingEmbedder()
     banks = []
     for name in ("A", "B"):
         bank = MemoryBank.create(None, dim=DIM)
-        bank.apply_batch(to_store_ops([ManagerOp("ADD", None, f"{name} fact {i}") for i in range(5)], [], emb, name))
+        bank.apply_batch(store([ManagerOp("ADD", None, f"{name} fact {i}") for i in range(5)], [], emb, name))
         banks.append(bank)
     emb.calls = 0
-    out = retrieve_for_questions([(banks[0], "A fact 1?", ["A", "B"]), (banks[1], "B fact 2?", ["B"])], emb, k=3)
-    assert emb.calls == 1 and len(out) == 2
-    assert len(out[0]["A"]) == 3 and out[0]["B"] == [] and len(out[1]["B"]) == 3
-    assert isinstance(out[1]["B"][0][0], int) and np.isscalar(out[1]["B"][0][0])
-    assert retrieve_for_questions([], emb, 3) == []
+    requests = [AnswerRequest(banks[0], "A fact 1?", ("A", "B")), AnswerRequest(banks[1], "B fact 2?", ("B",)),
+                AnswerRequest(banks[0], "A fact 1?", ("A",))]
+    prompts = answer_prompts(requests, emb, AnswerConfig(top_k_per_speaker=3))
+    assert emb.calls == 1 and len(prompts) == 3
+    assert len(requests[0].memories["A"]) == 3 and requests[0].memories["B"] == [] and requests[1].shown == 3
+    assert isinstance(requests[1].memories["B"][0][0], int) and np.isscalar(requests[1].memories["B"][0][0])
+    assert prompts[0] == build_answer_messages("A fact 1?", requests[0].memories, AnswerConfig(top_k_per_speaker=3))
+    assert answer_prompts([], emb, AnswerConfig()) == []
+
+
+def test_a_one_memory_distillation_fits_its_token_bound():
+    from transformers import AutoTokenizer
+    from memr1.engine.generation import default_model_path
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    for cfg in (AnswerConfig(), AnswerConfig(max_memory_bytes=160), AnswerConfig(max_memory_bytes=20)):
+        text = one_memory_distillation(cfg)
+        assert len(tok.encode(text, add_special_tokens=False)) + 1 <= distillation_bound(cfg)
+    # Memory text in the prompt is cut to max_memory_bytes (UTF-8, at a character boundary).
+    msgs = build_answer_messages("Q?", {"A": [(1, "é" * 100, "8 May 2023")]}, AnswerConfig(max_memory_bytes=21))
+    assert "- [8 May 2023] " + "é" * 10 + "\n" in msgs[1]["content"] + "\n"

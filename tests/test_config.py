@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_shipped_configs_load():
     default = load_config(ROOT / "configs" / "default.toml")
-    assert default.generator.model == "default" and default.eval.judge == "off"
-    assert default.eval_after == ["base", "trained"] and default.items.answer_banks == "manager"
+    assert default.generator.model == "default" and default.judge.kind == "off"
+    assert default.eval_after == ["base", "warm", "trained"] and default.items.answer_banks == "oracle"
     assert default.resolved_run_dir() == Path("runs/default")
     smoke = load_config(ROOT / "configs" / "eval_smoke.toml")
     assert smoke.data.n == 2 and smoke.generator.backend == "vllm" and smoke.eval.max_questions == 2
@@ -25,13 +25,13 @@ def test_defaults_without_a_file():
 
 
 def test_overrides_parse_toml_literals_and_fall_back_to_strings(tmp_path):
-    cfg = load_config(None, ["eval.baseline=rag", "eval.batch_size=8", "eval.progress=false",
-                             "sampling.stop=['</s>', 'x']", "generator.max_model_len = 1024",
-                             "data.path=/data/locomo.json", "name=my run", "sampling.temperature=0.5"])
-    assert cfg.eval.baseline == "rag" and cfg.eval.batch_size == 8 and cfg.eval.progress is False
-    assert cfg.sampling.stop == ["</s>", "x"] and cfg.generator.max_model_len == 1024
+    cfg = load_config(None, ["eval.baseline=rag", "generator.batch_size=8", "eval.progress=false",
+                             "stages=['answer', 'manager']", "generator.max_model_len = 1024",
+                             "data.path=/data/locomo.json", "name=my run", "rollout.temperature=0.5"])
+    assert cfg.eval.baseline == "rag" and cfg.generator.batch_size == 8 and cfg.eval.progress is False
+    assert cfg.stages == ["answer", "manager"] and cfg.generator.max_model_len == 1024
     assert cfg.data.path == "/data/locomo.json" and cfg.name == "my run"
-    assert cfg.sampling.temperature == 0.5
+    assert cfg.rollout.temperature == 0.5
     assert cfg.resolved_run_dir() == Path("runs/my run")
     # an override wins over the file
     f = tmp_path / "c.toml"
@@ -44,9 +44,15 @@ def test_overrides_parse_toml_literals_and_fall_back_to_strings(tmp_path):
     ('[generator]\nbackend_x = 1\n', "unknown key 'generator.backend_x'"),
     ('[nonsense]\na = 1\n', "unknown key 'nonsense'"),
     ('eval = 3\n', "'eval' is a section"),
-    ('[eval]\nbatch_size = "many"\n', r"\$\.eval\.batch_size"),
+    ('[generator]\nbatch_size = "many"\n', r"\$\.generator\.batch_size"),
     ('[eval]\nbaseline = "nope"\n', "eval.baseline must be one of"),
-    ('[eval]\nbatch_size = 0\n', "eval.batch_size must be >= 1"),
+    ('[manager]\ntop_k = 0\n', "manager.top_k must be >= 1"),
+    ('[stage.answer]\nsteps = 0\n', "steps must be >= 1"),
+    ('[reward]\nkind = "bleu"\n', r"\$\.reward\.kind"),
+    ('stages = ["answer", "critic"]\n', "unknown stage"),
+    ('stages = ["answer_warm"]\n[stage.answer_warm]\ngroup_size = 4\n', "group_size must be 1"),
+    ('[reward]\nkind = "judge"\n', "needs judge.kind"),
+    ('name = ".."\n', "name must be a folder name"),
     ('embedder = "word2vec"\n', "embedder must be one of"),
     ('[eval\n', "not valid TOML"),
 ])
@@ -63,7 +69,8 @@ def test_bad_files_name_the_problem(tmp_path, text, match):
     ("eval..x=1", "not a dotted key"),
     ("eval.nope=1", "unknown key 'eval.nope'"),
     ("name.sub=1", "is a value, not a section"),
-    ("eval.batch_size=abc", r"\$\.eval\.batch_size"),
+    ("generator.batch_size=abc", r"\$\.generator\.batch_size"),
+    ("seed=x", r"\$\.seed"),
 ])
 def test_bad_overrides_name_the_problem(item, match):
     with pytest.raises(ConfigError, match=match):
@@ -77,8 +84,8 @@ def test_missing_file():
 
 def test_dump_toml_round_trips(tmp_path):
     cfg = load_config(ROOT / "configs" / "default.toml",
-                      ['name="tricky \\"quoted\\" name ü"', "sampling.stop=['a\\nb', 'tab\\t']",
-                       "eval.fact_match_f1=0.75", "sampling.seed=7"])
+                      ['name="tricky \\"quoted\\" name ü"', "stages=['answer']",
+                       "eval.fact_match_f1=0.75", "seed=7", "learner.betas=[0.8, 0.9]"])
     text = dump_toml(cfg)
     assert "path" not in tomllib.loads(text)["data"]   # None is left out (TOML has no null)
     back = msgspec.convert(tomllib.loads(text), RunConfig)

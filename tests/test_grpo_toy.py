@@ -1,7 +1,8 @@
 """A tiny GRPO run: reward 1 when the completion contains a target token; the mean reward must rise."""
 import torch
 
-from memr1.engine.learner import Learner, LearnerConfig, TrainBatch
+from memr1.engine.learner import Learner, LearnerConfig
+from memr1.rl.records import Group, TrainBatch
 
 from test_learner import tiny  # noqa: F401  (fixture reused)
 
@@ -24,17 +25,17 @@ def sample(lm, prompts, generator):
 
 def test_grpo_raises_mean_reward(tiny):  # noqa: F811
     torch.manual_seed(0)
-    learner = Learner(LearnerConfig(model_path=tiny, lr=3e-3))
+    learner = Learner(LearnerConfig(), tiny, lr=3e-3)
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 32, (PROMPTS, 3), generator=g)
     rewards_per_step = []
     for _ in range(12):
         seqs, logps = sample(learner.policy.lm, prompts, g)
         rewards = (seqs[:, 3:] == TARGET).any(1).float()
-        mask = torch.zeros_like(seqs, dtype=torch.bool)
-        mask[:, 3:] = True
-        batch = TrainBatch(list(seqs), list(mask), list(logps), rewards=rewards,
-                           group_ids=torch.arange(len(seqs)) // GROUP, weight_version=learner.version)
+        groups = [Group(prompts[i].tolist(), seqs[i * GROUP:(i + 1) * GROUP, 3:].tolist(),
+                        logps[i * GROUP:(i + 1) * GROUP, 3:].tolist(), rewards[i * GROUP:(i + 1) * GROUP].tolist())
+                  for i in range(PROMPTS)]
+        batch = TrainBatch(groups, weight_version=learner.version)
         metrics = learner.train_step(batch)
         assert metrics["staleness"] == 0 and metrics["loss"] == metrics["loss"]
         rewards_per_step.append(rewards.mean().item())

@@ -1,10 +1,13 @@
-"""engine.learner on a tiny random Llama: log-probs, micro-batching, packing, bad input, weight export."""
+"""engine.learner on a tiny random Llama: log-probs, micro-batching, prompt sharing, packing, the
+warm start's scripted replies, bad input, weight export."""
 import pytest
 import torch
 
-from memr1.engine.learner import Learner, LearnerConfig, TrainBatch
+from memr1.engine.batching import build_micro, micro_count, split_units, units_of
+from memr1.engine.learner import Learner, LearnerConfig
 from memr1.rl.algos import PPOConfig
 from memr1.rl.losses import LossConfig
+from memr1.rl.records import Group, TrainBatch
 
 VOCAB = 32
 
@@ -20,31 +23,22 @@ def tiny(tmp_path_factory):
     return str(path)
 
 
-def make_batch(seed=0, n=8, groups=2):
+def make_batch(seed=0, groups=4, size=2, behav=True) -> TrainBatch:
+    """`groups` prompts of 3..5 tokens, each with `size` responses of different lengths and 0/1 rewards."""
     g = torch.Generator().manual_seed(seed)
-    ids, masks, behav = [], [], []
-    for i in range(n):
-        length, prompt = 9 + (i * 5) % 7, 3 + i % 3
-        ids.append(torch.randint(0, VOCAB, (length,), generator=g))
-        m = torch.zeros(length, dtype=torch.bool)
-        m[prompt:] = True
-        masks.append(m)
-        behav.append(-3.5 + 0.1 * torch.randn(length, generator=g))
-    rewards = torch.randint(0, 2, (n,), generator=g).float()
-    return TrainBatch(ids, masks, behav, rewards=rewards, group_ids=torch.arange(n) % groups)
+    out = []
+    for i in range(groups):
+        prompt = torch.randint(0, VOCAB, (3 + i % 3,), generator=g).tolist()
+        responses = [torch.randint(0, VOCAB, (4 + (i * 5 + j * 3) % 6,), generator=g).tolist() for j in range(size)]
+        logps = [(-3.5 + 0.1 * torch.randn(len(r), generator=g)).tolist() for r in responses] if behav else None
+        rewards = torch.randint(0, 2, (size,), generator=g).float().tolist()
+        out.append(Group(prompt, responses, logps, rewards, source=f"g{i}"))
+    return TrainBatch(out)
 
 
-def make_group_batch(seed=0, prompts=2, group=4):
-    """GRPO-shaped: each prompt followed by `group` completions of different lengths."""
-    g = torch.Generator().manual_seed(seed)
-    ids, masks = [], []
-    for _ in range(prompts):
-        prompt = torch.randint(0, VOCAB, (6,), generator=g)
-        for j in range(group):
-            ids.append(torch.cat([prompt, torch.randint(0, VOCAB, (3 + 2 * j,), generator=g)]))
-            masks.append(torch.arange(len(ids[-1])) >= 6)
-    rewards = torch.randint(0, 2, (len(ids),), generator=g).float()
-    return TrainBatch(ids, masks, rewards=rewards, group_ids=torch.arange(len(ids)) // group)
+def learner_for(tiny, **kw) -> Learner:
+    lr, temperature = kw.pop("lr", 1e-5), kw.pop("temperature", 1.0)
+    return Learner(LearnerConfig(**kw), tiny, lr=lr, temperature=temperature)
 
 
 def weights(learner):
@@ -52,78 +46,88 @@ def weights(learner):
 
 
 def test_logprobs_match_full_logits(tiny):
-    from memr1.engine.batching import build_micro
     from transformers import AutoModelForCausalLM
-    learner = Learner(LearnerConfig(model_path=tiny, temperature=0.7))
+    learner = learner_for(tiny, temperature=0.7)
     batch = make_batch()
-    micro = build_micro(batch, [0, 1, 2], True, False, 64, torch.device("cpu"))
+    micro = build_micro(units_of(batch, share=False)[:3], True, 64, torch.device("cpu"))
     with torch.no_grad():
         got = learner.policy(micro)
         lm = AutoModelForCausalLM.from_pretrained(tiny)
         want = []
-        for i in range(3):
-            x, m = batch.input_ids[i], batch.response_mask[i]
-            lp = torch.log_softmax(lm(x[None]).logits[0] / 0.7, -1)
-            t = torch.nonzero(m).squeeze(1)
-            want.append(lp[t - 1, x[t]])
-    assert torch.allclose(got, torch.cat(want), atol=1e-5)
+        for g in batch.groups[:2]:
+            for r in g.responses:
+                x = torch.tensor(g.prompt_ids + r)
+                lp = torch.log_softmax(lm(x[None]).logits[0] / 0.7, -1)
+                t = torch.arange(len(g.prompt_ids), len(x))
+                want.append(lp[t - 1, x[t]])
+    assert torch.allclose(got, torch.cat(want[:3]), atol=1e-5)
 
 
-def test_shared_prefix_rows_equal_separate_sequences(tiny):
-    from memr1.engine.batching import build_micro, prefix_groups
-    learner = Learner(LearnerConfig(model_path=tiny))
-    batch = make_group_batch()
-    seqs = list(range(8))
-    assert prefix_groups(batch, seqs, True) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    shared = build_micro(batch, seqs, False, True, 8, torch.device("cpu"))
-    assert shared.input_ids.shape == (2, 32)  # 6 + 3 + 5 + 7 + 9 = 30 tokens per row, not 4 x 6 more
+def test_a_group_shares_its_prompt_in_one_row(tiny):
+    learner = learner_for(tiny)
+    batch = make_batch(groups=2, size=4)
+    shared, separate = units_of(batch, share=True), units_of(batch, share=False)
+    assert [len(u) for u in shared] == [4, 4] and len(separate) == 8
+    micro = build_micro(shared, False, 8, torch.device("cpu"))
+    p = len(batch.groups[0].prompt_ids)
+    assert micro.input_ids.shape[0] == 2 and (micro.input_ids[0] != 0).sum() <= p + batch.groups[0].response_tokens
     with torch.no_grad():
-        got = learner.policy(shared)
-        want = learner.policy(build_micro(batch, seqs, True, False, 8, torch.device("cpu")))
+        got = learner.policy(micro)
+        want = learner.policy(build_micro(separate, True, 8, torch.device("cpu")))
     assert torch.allclose(got, want, atol=1e-5)
+    assert batch.positions == sum(len(g.prompt_ids) + g.response_tokens for g in batch.groups)
 
 
-@pytest.mark.parametrize("variant", [{"micro_batch_tokens": 30}, {"layout": "packed"},
+@pytest.mark.parametrize("variant", [{"micro_batch_tokens": 20}, {"layout": "packed"},
                                      {"layout": "rows", "share_prefix": False, "pad_bucket": 8}])
 def test_micro_batches_and_padding_equal_one_full_batch(tiny, variant):
     # Adam's first step moves every weight by about lr whatever its gradient's size, so float noise in a
     # near-zero gradient can move a weight by up to lr as well: a small lr keeps that visible but bounded.
-    base = dict(model_path=tiny, lr=1e-5, loss=LossConfig(aggregation="seq-mean-token-mean"))
-    full = Learner(LearnerConfig(**base, micro_batch_tokens=10_000))
-    split = Learner(LearnerConfig(**base, **variant))
+    base = dict(loss=LossConfig(aggregation="seq-mean-token-mean"))
+    full = learner_for(tiny, **base, micro_batch_tokens=10_000)
+    split = learner_for(tiny, **base, **variant)
     batch = make_batch()
     if "micro_batch_tokens" in variant:
-        from memr1.engine.batching import split_parts
-        assert len(split_parts(batch, 8, 0, 1, 30, False, True)) == 4
+        units = units_of(batch, share=True)
+        assert micro_count(units, 20) == 4 and sum(map(len, split_units(units, 4))) == 4
     m_full, m_split = full.train_step(batch), split.train_step(batch)
     assert m_full["loss"] == pytest.approx(m_split["loss"], abs=1e-6)
     w_full, w_split = weights(full), weights(split)
     assert max((w_full[k] - w_split[k]).abs().max().item() for k in w_full) < 1e-6
-    assert max((w_full[k] - Learner(LearnerConfig(**base)).policy.lm.state_dict()[k]).abs().max().item()
+    assert max((w_full[k] - learner_for(tiny).policy.lm.state_dict()[k]).abs().max().item()
                for k in w_full) > 5e-6  # the step really moved the weights
 
 
+def test_scripted_replies_train_their_negative_log_likelihood(tiny):
+    """A warm-start group (advantage 1, no behaviour log-probs): the step lowers the replies' NLL."""
+    learner = learner_for(tiny, lr=3e-2)
+    batch = make_batch(groups=3, size=1, behav=False)
+    for g in batch.groups:
+        g.advantages = [1.0]
+    nll = [learner.train_step(batch)["nll"] for _ in range(5)]
+    assert nll[-1] < 0.7 * nll[0]
+
+
 def test_ppo_step_fits_the_critic(tiny):
-    learner = Learner(LearnerConfig(model_path=tiny, algo="ppo", lr=1e-5, ppo=PPOConfig(critic_lr=1e-3)))
+    learner = learner_for(tiny, algo="ppo", lr=1e-5, ppo=PPOConfig(critic_lr=1e-3))
     batch = make_batch()
     losses = [learner.train_step(batch)["value_loss"] for _ in range(6)]
     assert all(v == v for v in losses) and losses[-1] < 0.7 * losses[0]
 
 
 def test_ppo_with_kl_in_the_reward(tiny):
-    cfg = LearnerConfig(model_path=tiny, algo="ppo", lr=1e-2, loss=LossConfig(kl_coef=0.5, kl_in_reward=True))
-    learner = Learner(cfg)
+    learner = learner_for(tiny, algo="ppo", lr=1e-2, loss=LossConfig(kl_coef=0.5, kl_in_reward=True))
     first = learner.train_step(make_batch())
     second = learner.train_step(make_batch())
     assert first["kl"] == 0.0 and second["kl"] == 0.0  # the KL went into the reward, not the loss
     assert all(v == v for v in (*first.values(), *second.values()))
     with pytest.raises(ValueError, match="kl_in_reward"):
-        Learner(LearnerConfig(model_path=tiny, loss=LossConfig(kl_coef=0.5, kl_in_reward=True)))
+        learner_for(tiny, loss=LossConfig(kl_coef=0.5, kl_in_reward=True))
 
 
 def test_kl_reference_loaded_only_with_nonzero_coefficient(tiny):
-    assert Learner(LearnerConfig(model_path=tiny)).ref is None
-    learner = Learner(LearnerConfig(model_path=tiny, lr=1e-2, loss=LossConfig(kl_coef=0.1)))
+    assert learner_for(tiny).ref is None
+    learner = learner_for(tiny, lr=1e-2, loss=LossConfig(kl_coef=0.1))
     assert learner.ref is not None
     learner.train_step(make_batch())
     assert learner.train_step(make_batch(1))["kl"] > 0  # the policy moved away from the reference
@@ -132,33 +136,32 @@ def test_kl_reference_loaded_only_with_nonzero_coefficient(tiny):
 def test_bad_input_is_a_clear_error(tiny):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            Learner(LearnerConfig(model_path=tiny, device="cuda"))
-    learner = Learner(LearnerConfig(model_path=tiny))
+            learner_for(tiny, device="cuda")
+    learner = learner_for(tiny)
     with pytest.raises(ValueError, match="empty"):
-        learner.train_step(TrainBatch([], []))
-    batch = make_batch()
-    batch.rewards = None
+        learner.train_step(TrainBatch([]))
     with pytest.raises(ValueError, match="rewards"):
-        learner.train_step(batch)
+        Group([1, 2], [[3], [4]], None, [1.0])
+    with pytest.raises(ValueError, match="prompt has no tokens"):
+        Group([], [[3]], None, [1.0])
+    with pytest.raises(ValueError, match="behav_logprobs"):
+        Group([1], [[3, 4]], [[-1.0]], [1.0])
     batch = make_batch()
-    batch.response_mask[0][0] = True
-    with pytest.raises(ValueError, match="sequence 0"):
-        learner.train_step(batch)
-    batch = make_batch()
-    batch.input_ids[3][2] = VOCAB
+    batch.groups[1].responses[0][2] = VOCAB
     with pytest.raises(ValueError, match="token ids"):
         learner.train_step(batch)
     batch = make_batch()
-    batch.rewards[1] = float("nan")
+    batch.groups[0].rewards[1] = float("nan")
     with pytest.raises(ValueError):
         learner.train_step(batch)
 
 
 def test_all_zero_advantages_is_a_clean_no_op(tiny):
-    learner = Learner(LearnerConfig(model_path=tiny, lr=1e-2))
+    learner = learner_for(tiny, lr=1e-2)
     before = weights(learner)
     batch = make_batch()
-    batch.rewards = torch.ones(8)  # every group all-equal: zero advantages
+    for g in batch.groups:
+        g.rewards = [1.0] * len(g)  # every group all-equal: zero advantages
     metrics = learner.train_step(batch)
     assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0 and metrics["weight_version"] == 1
     after = weights(learner)
@@ -167,7 +170,7 @@ def test_all_zero_advantages_is_a_clean_no_op(tiny):
 
 def test_export_weights_buckets_with_hf_names(tiny):
     from safetensors.torch import load_file
-    learner = Learner(LearnerConfig(model_path=tiny))
+    learner = learner_for(tiny)
     buckets = list(learner.export_weights(bucket_bytes=40_000))
     assert len(buckets) > 2
     for b in buckets[:-1]:  # a bucket closes as soon as it reaches the limit
@@ -184,9 +187,9 @@ def test_activation_checkpointing_changes_memory_not_the_step(tiny):
     # Recomputing each block in backward must give the same loss and the same updated weights.
     outs = {}
     for ac in (False, True):
-        learner = Learner(LearnerConfig(model_path=tiny, lr=1e-2, activation_checkpointing=ac))
+        learner = learner_for(tiny, lr=1e-2, activation_checkpointing=ac)
         assert learner.policy.lm.model.gradient_checkpointing is ac
-        m = learner.train_step(make_group_batch())
+        m = learner.train_step(make_batch(groups=2, size=4))
         outs[ac] = (m["loss"], weights(learner))
     assert outs[True][0] == pytest.approx(outs[False][0], abs=1e-6)
     for name, w in outs[False][1].items():

@@ -1,6 +1,5 @@
 """The actor-learner loop with fakes: staleness bound by capacity, overlap, failures, signals, and
-data-parallel agreement (stop, skip, fail together) through the gather hook."""
-import dataclasses
+data-parallel agreement (stop, skip, fail together) through the agree hook and scalar all-reduces."""
 import os
 import signal
 import threading
@@ -8,7 +7,11 @@ import time
 
 import pytest
 
-from memr1.engine.loop import Loop, LoopConfig, Rollout, RolloutError
+import torch
+
+from memr1.engine.dist import agree_rollouts
+from memr1.engine.loop import Loop, LoopConfig, RolloutError
+from memr1.rl.records import Group, Rollout, TrainBatch
 
 
 class FakeGenerator:
@@ -55,7 +58,7 @@ class FakeLearner:
 
 def run(k, steps=8, gen_s=0.02, train_s=0.02, **kw):
     gen, stage, learner, metrics, ckpts = FakeGenerator(), FakeStage(gen_s, kw.pop("fail_at", ())), FakeLearner(train_s), [], []
-    loop = Loop(stage, gen, learner, LoopConfig(steps=steps, max_staleness=k, **kw), metrics.append, ckpts.append)
+    loop = Loop(stage, gen, learner, LoopConfig(max_staleness=k, **kw), steps, metrics.append, ckpts.append)
     return loop.run(), gen, stage, learner, metrics, ckpts
 
 
@@ -63,7 +66,7 @@ def run(k, steps=8, gen_s=0.02, train_s=0.02, **kw):
 def test_no_rollout_beyond_the_staleness_bound(k):
     # A slow learner and a fast producer: capacity, not filtering, keeps the producer within k.
     out, gen, stage, learner, metrics, ckpts = run(k, steps=10, gen_s=0.001, train_s=0.03)
-    assert learner.seen == list(range(10)) and out["too_stale"] == 0
+    assert learner.seen == list(range(10))
     starts = [(step, version) for kind, step, version, _ in stage.log if kind == "start"]
     assert len(starts) == 10, "each step generated exactly once, nothing thrown away"
     assert all(step - version <= k for step, version in starts)
@@ -87,7 +90,7 @@ def test_staleness_one_overlaps_generation_and_training():
 
 def test_sync_every_needs_enough_staleness():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
-        Loop(FakeStage(), FakeGenerator(), FakeLearner(), LoopConfig(sync_every=2, max_staleness=0))
+        Loop(FakeStage(), FakeGenerator(), FakeLearner(), LoopConfig(sync_every=2, max_staleness=0), 4)
     out, gen, *_ = run(1, steps=6, sync_every=2)
     assert gen.updates == [2, 4, 6]
 
@@ -107,6 +110,19 @@ def test_skip_mode_counts_failures_and_goes_on():
         run(0, steps=6, fail_at={1, 2, 3}, on_rollout_error="skip", max_skipped=1)
 
 
+def test_validation_runs_every_n_steps_on_synced_weights():
+    gen, stage, learner, metrics = FakeGenerator(), FakeStage(), FakeLearner(), []
+    seen = []
+
+    def validate(step):
+        seen.append((step, gen.weight_version))
+        return {"val_em_mean": step / 10}
+    Loop(stage, gen, learner, LoopConfig(max_staleness=1, sync_every=2, validate_every=3), 7, metrics.append,
+         validate=validate).run()
+    assert seen == [(3, 3), (6, 6), (7, 7)]   # every 3 steps and at the end, weights synced even off-cycle
+    assert [m.get("val_em_mean") for m in metrics] == [None, None, 0.3, None, None, 0.6, 0.7]
+
+
 def test_sigterm_checkpoints_and_stops():
     threading.Timer(0.15, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
     out, _, _, learner, _, ckpts = run(1, steps=1000, gen_s=0.01, train_s=0.02)
@@ -115,23 +131,20 @@ def test_sigterm_checkpoints_and_stops():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-# ---- data parallel: two loops in threads, gathering through an in-process stand-in for all_gather_object ----
+# ---- data parallel: two loops in threads, agreeing through an in-process stand-in for all_reduce ----
 class ThreadGroup:
     def __init__(self, world):
         self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=10)  # a deadlock fails
 
-    def gather(self, rank):
-        from memr1.engine.dist import merge_rollouts
-        from memr1.engine.loop import RolloutFailure
-
-        def gather(item):
-            self.slots[rank] = (dataclasses.replace(item, error=None, rank=rank)
-                                if isinstance(item, RolloutFailure) else item)
+    def agree(self, rank):
+        def reduce(t, op):
+            self.slots[rank] = t.clone()
             self.barrier.wait()
-            items = list(self.slots)
+            stacked = torch.stack(self.slots)
+            out = stacked.sum(0) if op == "sum" else stacked.max(0).values
             self.barrier.wait()  # nobody overwrites a slot before everyone has read them all
-            return merge_rollouts(items)
-        return gather
+            return t.copy_(out)
+        return lambda item, step: agree_rollouts(item, step, rank, len(self.slots), reduce)
 
 
 class RankStage(FakeStage):
@@ -140,13 +153,9 @@ class RankStage(FakeStage):
         self.rank = rank
 
     def rollout(self, step, generator):
-        import torch
-        from memr1.engine.learner import TrainBatch
-
         super().rollout(step, generator)
-        batch = TrainBatch(input_ids=[torch.tensor([self.rank, step])], response_mask=[torch.tensor([False, True])],
-                           rewards=torch.tensor([1.0]), group_ids=torch.tensor([0]))
-        return Rollout(batch=batch, metrics={"reward_mean": float(self.rank), "response_tokens": 3})
+        group = Group(prompt_ids=[self.rank, step], responses=[[1]], behav_logprobs=None, rewards=[1.0])
+        return Rollout(TrainBatch([group]), metrics={"reward_mean": float(self.rank), "response_tokens": 3})
 
 
 class RankLearner(FakeLearner):
@@ -155,7 +164,7 @@ class RankLearner(FakeLearner):
         self.on_train = on_train
 
     def train_step(self, batch):
-        self.seen.append([tuple(t.tolist()) for t in batch.input_ids])
+        self.seen.append([tuple(g.prompt_ids) for g in batch.groups])
         self.on_train(len(self.seen))
         return {"loss": 1.0}
 
@@ -166,8 +175,7 @@ def run_ranks(world=2, steps=6, k=0, fail_at=None, stop_at=None, **kw):
     for r in range(world):
         learner, metrics, ckpts = RankLearner(), [], []
         loop = Loop(RankStage(r, gen_s=0.005, fail_at=(fail_at or {}).get(r, ())), FakeGenerator(), learner,
-                    LoopConfig(steps=steps, max_staleness=k, **kw), metrics.append, ckpts.append,
-                    gather=group.gather(r))
+                    LoopConfig(max_staleness=k, **kw), steps, metrics.append, ckpts.append, agree=group.agree(r))
         loop.metrics, loop.ckpts = metrics, ckpts
         if stop_at and stop_at[0] == r:  # a SIGTERM on this rank only
             learner.on_train = lambda n, loop=loop: n == stop_at[1] and setattr(loop, "stop_requested", True)
@@ -186,10 +194,10 @@ def run_ranks(world=2, steps=6, k=0, fail_at=None, stop_at=None, **kw):
     return results, loops
 
 
-def test_ranks_train_the_gathered_batch_in_rank_order():
+def test_each_rank_trains_its_own_groups_and_logs_the_reduced_metrics():
     results, loops = run_ranks(steps=3)
-    for loop in loops:
-        assert loop.learner.seen == [[(0, s), (1, s)] for s in range(3)]
+    for r, loop in enumerate(loops):
+        assert loop.learner.seen == [[(r, s)] for s in range(3)]   # nothing crossed ranks but scalars
         assert [m["reward_mean"] for m in loop.metrics] == [0.5] * 3  # averaged over ranks
         assert [m["response_tokens"] for m in loop.metrics] == [6] * 3  # summed
         assert loop.ckpts == [3]
@@ -212,12 +220,12 @@ def test_a_failure_on_one_rank_is_skipped_by_every_rank(k):
         assert len(skipped) == 1 and "on rank 1" in skipped[0]["error"]
 
 
-def test_a_failure_on_one_rank_stops_every_rank_with_its_message():
+def test_a_failure_on_one_rank_stops_every_rank():
     results, _ = run_ranks(steps=6, fail_at={1: {2}})
-    for r in results:
-        assert isinstance(r, RolloutError)
-        assert "step 2 failed on rank 1 with ValueError: model emitted garbage at step 2" in str(r)
-        assert "producer traceback" in str(r)  # rank 1's traceback, on every rank
+    assert all(isinstance(r, RolloutError) and "step 2 failed on rank 1" in str(r) for r in results)
+    # The failing rank raises with its own message and traceback; the others point at it.
+    assert "ValueError: model emitted garbage at step 2" in str(results[1]) and "producer traceback" in str(results[1])
+    assert "a rollout failed on rank 1 (its output has the traceback)" in str(results[0])
 
 
 class SleepyGenerator(FakeGenerator):
@@ -249,8 +257,8 @@ class GuardedStage(FakeStage):
 
 def test_sleep_while_training_brackets_each_learner_step():
     gen, stage, learner, metrics = SleepyGenerator(), GuardedStage(), FakeLearner(), []
-    Loop(stage, gen, learner, LoopConfig(steps=3, sleep_while_training=True), metrics.append).run()
+    Loop(stage, gen, learner, LoopConfig(sleep_while_training=True), 3, metrics.append).run()
     assert gen.events == ["sleep", "wake", "update"] * 3
     assert all("sleep_s" in m for m in metrics) and learner.seen == [0, 1, 2]
     with pytest.raises(ValueError, match="sleep_while_training needs loop.max_staleness = 0"):
-        Loop(stage, gen, learner, LoopConfig(steps=3, max_staleness=1, sleep_while_training=True))
+        Loop(stage, gen, learner, LoopConfig(max_staleness=1, sleep_while_training=True), 3)

@@ -2,6 +2,7 @@
 classified, plus well-formed ones whose classification is checked exactly, and a Hypothesis pass."""
 import json
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -15,9 +16,10 @@ from memr1.rl.judge import parse_judge
 
 N_CASES = 10_000
 N_SHOWN = 4
-CFG = ManagerConfig(format_penalty=0.5, hallucination_penalty=0.25)
+CFG = ManagerConfig()
 EVENT_SPELLINGS = ["ADD", "UPDATE", "DELETE", "NONE", "add", "Noop", "NO-OP", "remove", "MERGE", "", None, 3]
-ID_VALUES = ["0", "1", "3", 2, "4", "17", -1, "-1", "abc", None, 1.0, 2.5, True, "999999999999", [], {"x": 1}]
+ID_VALUES = ["0", "1", "3", 2, "4", "17", -1, "-1", "abc", None, 1.0, 2.5, True, "999999999999", [], {"x": 1},
+             "--1", "\u00b2", "\u2460", "9" * 5000]
 JUNK = ["{", "}", "[", "]", '"', "'", ",", ":", "\\", "\n", "```", "null", "\u201c", "\u00e9", "\x00", "{{", "]]]"]
 
 
@@ -56,8 +58,8 @@ def expected(items: list) -> tuple[list[tuple], str]:
             continue
         raw = item.get("id")
         local = None
-        if isinstance(raw, str) and raw.lstrip("-").isdigit():
-            raw = int(raw)
+        if isinstance(raw, str) and re.fullmatch(r"-?[0-9]+", raw.strip()) and len(raw.strip()) < 10:
+            raw = int(raw)   # ASCII digits only; "--1", "\u00b2" and 5,000-digit ids name nothing shown
         if isinstance(raw, float) and raw.is_integer():
             raw = int(raw)
         if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < N_SHOWN:
@@ -100,15 +102,14 @@ def check_manager(output, bank, bank_ids, checked_apply: list) -> str:
     ops, d = parse_manager_output(output, N_SHOWN, CFG)
     assert d.status in ("ok", "parse_error", "hallucinated_id", "invalid_item")
     if not d.parsed:
-        assert ops == [] and d.penalty == CFG.format_penalty and d.error
-    else:
-        assert d.penalty == CFG.hallucination_penalty * len(d.hallucinated_ids)
+        assert ops == [] and d.error
     assert sum(d.counts.values()) == len(ops)
     locals_ = [op.local_id for op in ops if op.event != "ADD"]
     assert len(set(locals_)) == len(locals_) and all(0 <= i < N_SHOWN for i in locals_)
     assert all(op.text for op in ops if op.event in ("ADD", "UPDATE"))
     if ops and len(checked_apply) < 1500:   # whatever parses must also apply cleanly to a real bank
-        bank.fork().apply_batch(to_store_ops(ops, bank_ids, EMB, "Andrew", "t"))
+        texts = [op.text for op in ops if op.event in ("ADD", "UPDATE")]
+        bank.fork().apply_batch(to_store_ops(ops, bank_ids, EMB.embed(texts) if texts else [], "Andrew", "t"))
         checked_apply.append(1)
     return d.status
 
@@ -129,7 +130,7 @@ def bank():
     """A bank holding the N_SHOWN memories the fuzzed completions refer to by local id."""
     b = MemoryBank.create(None, dim=16)
     ids = b.apply_batch(to_store_ops([ManagerOp("ADD", None, f"memory {i}") for i in range(N_SHOWN)], [],
-                                     EMB, "Andrew"))
+                                     EMB.embed([f"memory {i}" for i in range(N_SHOWN)]), "Andrew"))
     return b, ids
 
 

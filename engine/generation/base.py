@@ -6,15 +6,7 @@ from typing import Any, Protocol
 import msgspec
 import torch
 
-
-class SamplingConfig(msgspec.Struct, kw_only=True):
-    temperature: float = 1.0  # 0 means greedy; its logprobs are then of the unscaled distribution
-    top_p: float = 1.0
-    top_k: int = -1  # -1 disables top-k
-    max_new_tokens: int = 128
-    stop: list[str] = []
-    seed: int | None = None
-    ignore_eos: bool = False
+from memr1.rl.agents import SamplingConfig, chat_prompt_ids  # the one sampling type (rl/ defines it; engine/ is on top)
 
 
 class GeneratorConfig(msgspec.Struct, kw_only=True):
@@ -26,7 +18,7 @@ class GeneratorConfig(msgspec.Struct, kw_only=True):
     gpu_memory_utilization: float = 0.3
     enforce_eager: bool = True
     weight_bucket_mb: int = 256
-    seed: int = 0
+    batch_size: int = 64  # prompts per generate call when building banks and evaluating
     sleep_level: int = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them
     cache_dir: str = ""  # vLLM caches and IPC files; "" = $MEMR1_CACHE/vllm
 
@@ -80,6 +72,8 @@ def check_config(cfg: GeneratorConfig) -> None:
         raise ValueError(f"GeneratorConfig.dtype must be one of {DTYPES}, got {cfg.dtype!r}")
     if cfg.max_model_len < 2:
         raise ValueError(f"GeneratorConfig.max_model_len must be >= 2, got {cfg.max_model_len}")
+    if cfg.batch_size < 1:
+        raise ValueError(f"GeneratorConfig.batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.weight_bucket_mb < 1:
         raise ValueError(f"GeneratorConfig.weight_bucket_mb must be >= 1, got {cfg.weight_bucket_mb}")
     if cfg.sleep_level not in (1, 2):
@@ -142,8 +136,7 @@ def chat_to_ids(messages: list[dict], tokenizer, i: int) -> list[int]:
     for m in messages:
         if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"prompt {i}: each chat message needs string 'role' and 'content', got {m!r}")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = chat_prompt_ids(tokenizer, messages)
     if not ids:
         raise ValueError(f"prompt {i}: the chat template produced no tokens")
     return ids

@@ -16,10 +16,13 @@ DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.
 
 
 class HFGenerator:
-    def __init__(self, cfg: GeneratorConfig, model_path: Path):
+    def __init__(self, cfg: GeneratorConfig, model_path: Path, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg = cfg
+        # transformers samples from torch's global stream; seed it once from the run seed (per rank).
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        torch.manual_seed(seed + rank)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         dtype = DTYPE.get(cfg.dtype, "auto")
@@ -60,7 +63,7 @@ class HFGenerator:
             max_new_tokens=sampling.max_new_tokens, min_new_tokens=0,
             eos_token_id=[] if sampling.ignore_eos else self.eos_ids,  # None would mean the model's
             pad_token_id=self.pad_id,
-            stop_strings=sampling.stop or None, output_scores=True, return_dict_in_generate=True)
+            stop_strings=list(sampling.stop) or None, output_scores=True, return_dict_in_generate=True)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),

@@ -105,7 +105,7 @@ class QuietExpectedReloadGaps(logging.Filter):
 
 
 class VLLMGenerator:
-    def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path):
+    def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path, seed: int = 0):
         setup_env(cache_dir)
         from vllm import LLM
 
@@ -118,7 +118,7 @@ class VLLMGenerator:
         self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
                        max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                        logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
-                       enable_prefix_caching=True, **distributed_args(cfg.seed))
+                       enable_prefix_caching=True, **distributed_args(seed))
         self.tokenizer = self.llm.get_tokenizer()
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()

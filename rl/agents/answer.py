@@ -1,9 +1,8 @@
 """Answer Agent: prompt with the question and each speaker's top-k memories (with timestamps), and a
 parser for "selected memories, then `Answer: ...`" (Memory-R1's memory distillation).
 
-Prompts are plain functions of (question, memories), so eval can build them for many conversations
-and send one batched `generate` call. `retrieve_for_questions` does the retrieval side with ONE
-embedder call for all questions.
+Prompts are plain functions of (question, memories); retrieval is `rl.turns.answer_prompts`, which
+training and evaluation share.
 """
 import re
 
@@ -28,13 +27,45 @@ Reply with one line, "Answer: <answer>", in at most 5 or 6 words. If memories di
 recent one, and turn relative dates into absolute dates using the memory's date."""
 
 
-class AnswerConfig(msgspec.Struct, frozen=True):
+class AnswerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The answer agent's task settings, the same in training rollouts, as stage 1's frozen answerer
+    and in evaluation."""
     top_k_per_speaker: int = 30   # Memory-R1: 30 per speaker, 60 in all
     distill: bool = True          # False: answer directly without selecting memories (ablation)
+    max_new_tokens: int = 2048    # the completion budget of every answer call (the paper's cap)
+    max_memory_bytes: int = 512   # a memory's text is cut to this many UTF-8 bytes in the prompt, so
+                                  # copying one memory has a known token bound (distillation_bound)
     max_answer_chars: int = 200
 
+    def __post_init__(self):
+        for name in ("top_k_per_speaker", "max_new_tokens", "max_memory_bytes", "max_answer_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"answer.{name} must be >= 1, got {getattr(self, name)}")
 
-def _memory_lines(memories: list[tuple]) -> list[str]:
+
+TIMESTAMP_BYTES = 40      # a memory's timestamp is cut to this many bytes in the prompt
+SHORT_ANSWER_BYTES = 64   # "at most 5 or 6 words", with room to spare
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, at a character boundary."""
+    raw = text.encode("utf-8")
+    return text if len(raw) <= limit else raw[:limit].decode("utf-8", errors="ignore")
+
+
+def one_memory_distillation(cfg: AnswerConfig) -> str:
+    """The longest completion that copies one memory and answers: what a budget must never cut."""
+    memory = f"- [{'9' * TIMESTAMP_BYTES}] {'9' * cfg.max_memory_bytes}"
+    return f"Relevant memories:\n{memory}\nAnswer: {'9' * SHORT_ANSWER_BYTES}"
+
+
+def distillation_bound(cfg: AnswerConfig) -> int:
+    """Tokens a one-memory distillation can take, for any byte-level tokenizer: at most one token per
+    UTF-8 byte, plus a few for the end-of-turn tokens. A budget below it can cut a distillation."""
+    return len(one_memory_distillation(cfg).encode("utf-8")) + 8
+
+
+def memory_lines(memories: list[tuple], cfg: AnswerConfig) -> list[str]:
     """(id, text, timestamp) or (text, timestamp) tuples -> "- [timestamp] text" lines."""
     lines = []
     for m in memories:
@@ -44,6 +75,7 @@ def _memory_lines(memories: list[tuple]) -> list[str]:
             text, ts = m
         else:
             raise TypeError(f"a memory must be (id, text, timestamp) or (text, timestamp), got {m!r}")
+        text, ts = _cut(str(text), cfg.max_memory_bytes), _cut(str(ts or ""), TIMESTAMP_BYTES)
         lines.append(f"- [{ts}] {text}" if ts else f"- {text}")
     return lines
 
@@ -56,7 +88,7 @@ def build_answer_messages(question: str, memories_by_speaker: dict[str, list[tup
         raise TypeError("build_answer_messages: memories_by_speaker must be a dict speaker -> memories")
     parts = []
     for speaker, memories in memories_by_speaker.items():
-        lines = _memory_lines(list(memories)[: cfg.top_k_per_speaker]) or ["- (none)"]
+        lines = memory_lines(list(memories)[: cfg.top_k_per_speaker], cfg) or ["- (none)"]
         parts.append(f"Memories of {speaker}:\n" + "\n".join(lines))
     parts.append(f"Question: {question.strip()}")
     system = DISTILL_SYSTEM if cfg.distill else DIRECT_SYSTEM
@@ -98,13 +130,3 @@ def parse_answer(output, cfg: AnswerConfig = AnswerConfig()) -> AnswerResult:
             selected.append(item)
     return AnswerResult(answer=answer.strip(_STRIP)[: cfg.max_answer_chars].strip(), selected=selected,
                         has_answer_tag=tagged)
-
-
-def retrieve_for_questions(requests: list[tuple], embedder, k: int) -> list[dict[str, list[tuple]]]:
-    """Memories for many questions at once. Each request is (bank, question, speakers); the result is
-    one {speaker: [(id, text, timestamp), ...]} per request, top-k per speaker by similarity."""
-    if not requests:
-        return []
-    vectors = embedder.embed([q for _, q, _ in requests])
-    return [{s: bank.items_for_prompt(vector=v, k=k, speaker=s) for s in speakers}
-            for (bank, _, speakers), v in zip(requests, vectors)]

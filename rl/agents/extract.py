@@ -23,9 +23,17 @@ Rules:
 Reply with JSON only: {"facts": ["...", "..."]}"""
 
 
-class ExtractConfig(msgspec.Struct, frozen=True):
-    max_facts: int = 8        # a runaway completion cannot flood the manager
+class ExtractConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    source: str = "model"      # model: the base model extracts each turn's facts; oracle: the synthetic
+                               # timeline's facts (a perfect extractor; synthetic data only)
+    max_new_tokens: int = 512  # the completion budget of each extraction call
+    context_turns: int = 2     # preceding turns shown for references
+    max_facts: int = 8         # a runaway completion cannot flood the manager
     max_fact_chars: int = 300
+
+    def __post_init__(self):
+        if self.source not in ("model", "oracle"):
+            raise ValueError(f"extract.source must be model or oracle, got {self.source!r}")
 
 
 def build_extract_messages(speaker: str, text: str, date_time: str = "",

@@ -4,10 +4,11 @@ The model sees the retrieved memories under SMALL LOCAL ids "0".."k-1" (copying 
 common failure of small models); `ManagerPrompt.bank_ids[i]` maps local id i back to the bank. The
 output schema is `{"memory": [{"id", "text", "event", "old_memory"?}]}` with event ADD, UPDATE, DELETE
 or NONE. `parse_manager_output` never raises on model output: it returns the valid ops plus
-`ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts, the format penalty).
+`ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
 """
 import json
+import re
 
 import msgspec
 
@@ -38,12 +39,19 @@ for ADD. Reply with JSON only, in this form:
             {"id": "2", "text": "...", "event": "ADD"}]}"""
 
 
-class ManagerConfig(msgspec.Struct, frozen=True):
-    top_k: int = 10                     # memories retrieved and shown to the manager
-    format_penalty: float = 1.0         # subtracted from the reward when the output does not parse
-    hallucination_penalty: float = 0.0  # subtracted per op that names an id that was not shown
+class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The manager's task settings, the same in training rollouts, bank building and evaluation."""
+    top_k: int = 10                     # memories of the speaker retrieved and shown to the manager
+    turns_per_call: int = 1             # facts of up to this many consecutive turns of a speaker (one
+                                        # session) per call; training items are cut the same way
+    max_new_tokens: int = 2048          # the completion budget of every manager call (the paper's cap)
     max_ops: int = 64                   # ops after this many are ignored (runaway completions)
     max_text_chars: int = 500
+
+    def __post_init__(self):
+        for name in ("top_k", "turns_per_call", "max_new_tokens", "max_ops", "max_text_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"manager.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class ManagerPrompt(msgspec.Struct, frozen=True):
@@ -65,7 +73,6 @@ class ManagerDiagnostics(msgspec.Struct):
     hallucinated_ids: list[str] = msgspec.field(default_factory=list)
     invalid_items: int = 0        # not an object, unknown event, or missing text
     duplicate_ids: int = 0        # a second op on one id (dropped: the first op wins)
-    penalty: float = 0.0
 
     @property
     def status(self) -> str:
@@ -100,8 +107,8 @@ def _local_id(raw, n_shown: int) -> int | None:
     """The shown id an item refers to, or None when it names anything else."""
     if isinstance(raw, bool):
         return None
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
-        raw = int(raw.strip())
+    if isinstance(raw, str) and re.fullmatch(r"-?[0-9]{1,9}", raw.strip()):  # ASCII digits only: "²" and
+        raw = int(raw.strip())                                                  # "--1" are not ids
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
     return raw if isinstance(raw, int) and 0 <= raw < n_shown else None
@@ -118,7 +125,7 @@ def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfi
     else:
         items = value if isinstance(value, list) else None
     if items is None:
-        return [], ManagerDiagnostics(parsed=False, error=err or "no JSON found", penalty=cfg.format_penalty)
+        return [], ManagerDiagnostics(parsed=False, error=err or "no JSON found")
 
     diag = ManagerDiagnostics(parsed=True)
     ops, used = [], set()
@@ -147,18 +154,15 @@ def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfi
             used.add(local)
         diag.counts[event] += 1
         ops.append(ManagerOp(event=event, local_id=local, text=text, old_memory=old))
-    diag.penalty = cfg.hallucination_penalty * len(diag.hallucinated_ids)
     return ops, diag
 
 
-def to_store_ops(ops: list[ManagerOp], bank_ids: list[int], embedder, speaker: str, timestamp: str = ""):
-    """memory_store operations for `bank.apply_batch`, embedding all new texts in ONE embedder call.
-    NONE ops are dropped (they change nothing)."""
+def to_store_ops(ops: list[ManagerOp], bank_ids: list[int], vectors, speaker: str, timestamp: str = ""):
+    """memory_store operations for `bank.apply_batch`; `vectors` holds one embedding per ADD / UPDATE op,
+    in order (the caller embeds many completions' texts in one call). NONE ops are dropped."""
     # Imported here so prompts and parsers work without the native bank (e.g. in eval tooling).
     from memr1.memory_store import Add, Delete, Update
 
-    texts = [op.text for op in ops if op.event in ("ADD", "UPDATE")]
-    vectors = embedder.embed(texts) if texts else None
     out, row = [], 0
     for op in ops:
         if op.event == "ADD":

@@ -45,8 +45,3 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: GRPOCon
     seq_adv, _ = kernels.grpo_advantage(rewards.float(), group_ids.long(), num_groups, std=cfg.std,
                                         eps=cfg.eps, baseline=cfg.baseline, validate=True)
     return seq_adv
-
-
-def kl_shaped_rewards(rewards: torch.Tensor, kl_per_seq: torch.Tensor, coef: float) -> torch.Tensor:
-    """KL in the reward (instead of the loss): r_i - coef * sum_t KL_it."""
-    return rewards - coef * kl_per_seq

@@ -1,0 +1,118 @@
+"""The items each stage of a run trains on (rl/items.py), with the banks and facts they need.
+
+Facts come from `rl.banks.facts_for` (the synthetic oracle's, or extraction by the base model, cached
+with the eval's extraction cache key). Banks are the synthetic oracle's, or built by a manager
+checkpoint through `rl.banks.run_manager`, cached in the run:
+    <run>/manager/items/<bank key>/     stage-1 items' banks (the base manager over each call's history)
+    <run>/answer/banks/<bank key>/      the answer stage's banks (the run's latest manager)
+Under data parallelism each rank builds the banks its own items need, in its own `rank<r>` folder
+(a bank has one writer). Warm stages always use the oracle's banks: their targets copy oracle memories.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from memr1.engine.evaluate import cache_dirs, cache_keys, model_identity
+from memr1.memory_store import MemoryBank
+from memr1.rl.banks import facts_for, run_manager, safe_name
+from memr1.rl.data import load_conversations
+from memr1.rl.items import (answer_items, history_conversation, manager_calls, manager_items, oracle_bank,
+                            step_items)
+
+
+class RunItems:
+    """Builds, once each, the items a run's stages need. `swap` is the run's weight-swapping engine."""
+
+    def __init__(self, run, embedder, swap, split: str = "train"):
+        self.run, self.cfg, self.embedder, self.swap, self.split = run, run.cfg, embedder, swap, split
+        self.convs = load_conversations(self.cfg.data.path or None, self.cfg.data.n, split=split)
+        self.by_id = {c.sample_id: c for c in self.convs}
+        self._facts = None
+        self._memo: dict = {}
+        self._builds: list = []   # durable banks this run opened (each holds its writer lock until closed)
+
+    def close(self) -> None:
+        for b in self._builds:
+            b.bank.close()
+        self._builds.clear()
+
+    def bar(self, desc: str):
+        return tqdm(desc=desc, total=0, unit="prompt", dynamic_ncols=True, disable=self.run.rank != 0)
+
+    def facts(self) -> dict:
+        if self._facts is None:
+            cfg, base = self.cfg, self.run.base_model
+            facts_dir, _ = cache_dirs(cfg, {"extract": model_identity(base), "manager": ""})
+            with self.bar(f"{self.split} items: extract") as b:
+                self._facts = facts_for(self.convs, self.swap.view(base), cfg.extract,
+                                        {c.sample_id: facts_dir / safe_name(c.sample_id) for c in self.convs},
+                                        cfg.generator.batch_size, 0, b)
+        return self._facts
+
+    def manager(self, stage: str) -> list:
+        """Manager items: each call that decides a question, on its bank (module doc)."""
+        pipeline = "oracle" if stage.endswith("_warm") else self.cfg.items.bank_pipeline
+        if ("manager", pipeline) not in self._memo:
+            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call)
+            if pipeline == "oracle":
+                banks = [oracle_bank(s, s.conv, self.embedder) for s in specs]
+            else:
+                banks = self.history_banks(specs, stage)
+            self._memo["manager", pipeline] = manager_items(specs, banks, self.cfg.items, self.run.seed)
+        return self._memo["manager", pipeline]
+
+    def history_banks(self, specs: list, stage: str) -> list:
+        """The paper's stage-1 banks: the base manager over each call's preceding window of turns."""
+        needed = self.needed(specs, stage, key=lambda s: s.conv.sample_id + "@" + s.call["dia_ids"][0])
+        histories = [history_conversation(s, self.facts()[s.conv.sample_id], self.cfg.items.window_turns)
+                     for s in specs]
+        convs = [h for h, _ in histories if h.sample_id in needed]
+        facts = {h.sample_id: f for h, f in histories}
+        builds = self.build(convs, facts, self.run.base_model, self.run.run_dir / "manager" / "items", "history banks")
+        stand_in = MemoryBank.create(None, dim=self.embedder.dim)  # another rank's item: never drawn here
+        return [builds[h.sample_id].bank if h.sample_id in builds else stand_in for h, _ in histories]
+
+    def answer(self, stage: str, manager: Path | None) -> list:
+        """Answer items on the oracle's banks, or on banks built by `manager` (the run's latest)."""
+        oracle = stage.endswith("_warm") or self.cfg.items.answer_banks == "oracle"
+        key = ("answer", "oracle" if oracle else str(manager))
+        if key not in self._memo:
+            if oracle:
+                banks = {c.sample_id: oracle_bank(None, c, self.embedder) for c in self.convs}
+            else:
+                items = answer_items(self.convs, {c.sample_id: None for c in self.convs}, self.run.seed)
+                needed = self.needed(items, stage, key=lambda it: it.conversation)
+                convs = [c for c in self.convs if c.sample_id in needed]
+                builds = self.build(convs, self.facts(), manager, self.run.run_dir / "answer" / "banks", "answer banks")
+                stand_in = MemoryBank.create(None, dim=self.embedder.dim)  # another rank's: never drawn here
+                banks = {c.sample_id: builds[c.sample_id].bank if c.sample_id in builds else stand_in
+                         for c in self.convs}
+            self._memo[key] = answer_items(self.convs, banks, self.run.seed)
+        return self._memo[key]
+
+    def needed(self, items: list, stage: str, key) -> set:
+        """What this rank's share of `stage`'s steps will draw (the draw is fixed by step, so a resume
+        builds the same set); validation draws every item."""
+        if self.split != "train":
+            return {key(it) for it in items}
+        s = self.run.stage(stage)
+        return {key(it) for step in range(s.steps)
+                for it in step_items(items, step, s.prompts_per_step, self.run.rank, self.run.world)}
+
+    def build(self, convs: list, facts: dict, manager: Path, root: Path, what: str) -> dict:
+        cfg = self.cfg
+        ids = {"extract": model_identity(self.run.base_model), "manager": model_identity(Path(manager))}
+        folder = root / cache_keys(cfg, ids)[1]
+        if self.run.world > 1:
+            folder = folder / f"rank{self.run.rank}"
+        with self.bar(f"{what}: manager") as b:
+            builds = run_manager(convs, {c.sample_id: folder / safe_name(c.sample_id) for c in convs}, facts,
+                                 self.swap.view(Path(manager)), self.embedder, cfg.manager,
+                                 batch_size=cfg.generator.batch_size, bank_overrides={"fsync": cfg.bank.fsync}, bar=b)
+        self._builds += builds.values()
+        if self.run.rank == 0:
+            print(f"{what}: {len(builds)} banks by {manager}, {sum(len(b.bank) for b in builds.values())} memories, "
+                  f"in {folder}")
+        return builds

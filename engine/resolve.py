@@ -1,0 +1,109 @@
+"""One config resolution: everything derived from the run config is computed here, once, from the
+fields the user set, and nothing downstream overwrites a user field.
+
+Derived: the run directory; the base model's folder; the ranks; each stage's learner config (its
+algorithm preset, its role's token horizon), start weights and per-rank prompts; the rollout sampling
+of each role; the run seed, which feeds every RNG (items order, each engine's sampler, the learner);
+and the problems a plan must show (prompts that do not divide over the ranks, budgets that can cut
+a distillation).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from memr1.engine.config import RunConfig
+from memr1.engine.learner import LearnerConfig
+from memr1.rl.agents import SamplingConfig
+from memr1.rl.agents.answer import distillation_bound
+from memr1.rl.algos import dr_grpo
+from memr1.rl.stages import StageConfig
+
+
+def role_of(stage: str) -> str:
+    """"manager" or "answer": whose weights a stage trains."""
+    return stage.split("_")[0]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    cfg: RunConfig
+    run_dir: Path
+    base_model: Path | None     # None only when planning for a model that is not on this machine
+    rank: int
+    world: int
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    def stage(self, name: str) -> StageConfig:
+        return getattr(self.cfg.stage, name)
+
+    def max_new_tokens(self, role: str) -> int:
+        return self.cfg.manager.max_new_tokens if role == "manager" else self.cfg.answer.max_new_tokens
+
+    def rollout_sampling(self, role: str) -> SamplingConfig:
+        r = self.cfg.rollout
+        return SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_new_tokens=self.max_new_tokens(role))
+
+    def learner(self, name: str) -> LearnerConfig:
+        """The learner config of a stage. Warm stages train scripted replies: no KL, no critic, no
+        entropy bonus. dr_grpo is GRPO with std "none" and a token sum over the role's budget."""
+        cfg = self.cfg.learner
+        if name.endswith("_warm"):
+            return msgspec.structs.replace(cfg, algo="grpo", loss=msgspec.structs.replace(
+                cfg.loss, kl_coef=0.0, entropy_coef=0.0, aggregation="token-mean"))
+        if cfg.algo == "dr_grpo":
+            grpo, loss = dr_grpo(self.max_new_tokens(role_of(name)), cfg.loss)
+            return msgspec.structs.replace(cfg, grpo=msgspec.structs.replace(cfg.grpo, std=grpo.std), loss=loss)
+        return cfg
+
+    def temperature(self, name: str) -> float:
+        """The temperature the learner's log-probs are taken at: the one the stage sampled with (a warm
+        stage samples nothing; its replies are scored under the plain distribution)."""
+        return 1.0 if name.endswith("_warm") else (self.cfg.rollout.temperature or 1.0)
+
+
+def world_problem(prompts_per_step: int, world: int, name: str = "") -> str | None:
+    """Why `world` data-parallel ranks can't share a stage's prompts (each rolls out whole groups)."""
+    if prompts_per_step % world:
+        return (f"stage.{name or '<stage>'}.prompts_per_step={prompts_per_step} does not divide over {world} "
+                f"data-parallel ranks (torchrun --nproc_per_node); use a multiple of {world}")
+    return None
+
+
+def problems(cfg: RunConfig, world: int) -> list[str]:
+    """What stops this config from running as planned: prompts that do not divide over the ranks."""
+    return [p for name in cfg.stages if (p := world_problem(getattr(cfg.stage, name).prompts_per_step, world, name))]
+
+
+def budget_warnings(cfg: RunConfig) -> list[str]:
+    """Token budgets that can cut the answer agent's reply: a one-memory distillation must fit."""
+    need = distillation_bound(cfg.answer) if cfg.answer.distill else 8 + 64 + 8
+    if cfg.answer.max_new_tokens < need:
+        return [f"answer.max_new_tokens={cfg.answer.max_new_tokens} can cut a one-memory distillation, which "
+                f"takes up to {need} tokens (answer.max_memory_bytes={cfg.answer.max_memory_bytes}); raise it "
+                f"or lower max_memory_bytes"]
+    return []
+
+
+def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model: bool = True) -> Resolved:
+    """The derived run. Raises ValueError on a problem (see `problems`)."""
+    from memr1.engine.generation import resolve_model
+
+    world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if found := problems(cfg, world):
+        raise ValueError(found[0])
+    try:
+        base = resolve_model(cfg.generator.model)
+    except ValueError:
+        if need_model:
+            raise
+        base = None
+    return Resolved(cfg, cfg.resolved_run_dir(), base, rank, world)
+

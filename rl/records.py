@@ -1,0 +1,80 @@
+"""The records that cross stages: a stage's rollout turns into groups, the loop queues them, the
+learner trains on them. Defined once here; every field says what it holds.
+
+    Stage.rollout(step)  ->  Rollout(batch=TrainBatch(groups=[Group, ...]), metrics)
+    Loop                 ->  learner.train_step(rollout.batch)
+
+A Group is the unit down to the learner: one prompt and the G responses sampled for it. The prompt's
+token ids are stored once, so the learner computes each prompt once per group without having to find
+out which sequences share it. Under data parallelism each rank's TrainBatch holds its own groups only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Group:
+    """One prompt and its G responses, scored."""
+    prompt_ids: list[int]                 # the prompt's token ids, once for the whole group
+    responses: list[list[int]]            # G response token-id lists (what the policy generated)
+    behav_logprobs: list[list[float]] | None  # per response token: its log-prob under the sampling
+                                              # distribution (None: not sampled, e.g. a warm-start target)
+    rewards: list[float]                  # G scalar rewards, the sum of each response's breakdown
+    breakdown: dict[str, list[float]] = field(default_factory=dict)  # reward part -> G values (for logs)
+    truncated: list[bool] = field(default_factory=list)  # response i hit the token budget
+    advantages: list[float] | None = None  # given per-response advantages (warm start: 1.0); None:
+                                           # the algorithm derives them from the rewards
+    source: str = ""                      # what the prompt came from ("conv-26 D3:4"), for logs
+
+    def __post_init__(self):
+        g = len(self.responses)
+        if not self.prompt_ids:
+            raise ValueError(f"Group {self.source!r}: the prompt has no tokens")
+        if g == 0 or len(self.rewards) != g:
+            raise ValueError(f"Group {self.source!r}: {g} responses but {len(self.rewards)} rewards")
+        if self.behav_logprobs is not None and [len(x) for x in self.behav_logprobs] != [len(r) for r in self.responses]:
+            raise ValueError(f"Group {self.source!r}: behav_logprobs must hold one value per response token")
+        if self.advantages is not None and len(self.advantages) != g:
+            raise ValueError(f"Group {self.source!r}: {len(self.advantages)} advantages for {g} responses")
+        for part, values in self.breakdown.items():
+            if len(values) != g:
+                raise ValueError(f"Group {self.source!r}: reward part {part!r} has {len(values)} values for {g}")
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(r) for r in self.responses)
+
+
+@dataclass
+class TrainBatch:
+    """What one learner step trains on (on this rank): whole groups, and the weight version they were
+    sampled with (the learner reports staleness against it)."""
+    groups: list[Group]
+    weight_version: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(g.response_tokens for g in self.groups)
+
+    @property
+    def positions(self) -> int:
+        """Token positions the learner computes with prompt sharing: each prompt once per group."""
+        return sum(len(g.prompt_ids) + g.response_tokens for g in self.groups)
+
+
+@dataclass
+class Rollout:
+    """A stage's output for one step, as the loop queues it."""
+    batch: TrainBatch
+    metrics: dict = field(default_factory=dict)  # per-step means: reward and its parts, EM, F1, parse
+                                                 # failures, op mix, length-cap rates, gen_s, score_s, ...
+    step: int = -1                 # the loop step it belongs to (set by the loop)
+    weight_version: int = -1       # the generator's weights when it was sampled (set by the loop)

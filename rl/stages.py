@@ -1,0 +1,162 @@
+"""The two Memory-R1 RL stages as the loop sees them: a step number in, a scored Rollout of groups out.
+
+ManagerStage: each item's manager turn gets G completions; each completion's ops go to its own O(1)
+fork of the item's bank; the frozen Answer Agent answers the item's questions from every fork; the
+reward is `rewards.manager_reward` (the answers' mean EM/F1/judge score minus penalties).
+AnswerStage: the answer turn gets G completions; the reward is `rewards.answer_reward`.
+Both build prompts and apply ops through rl/turns.py, exactly as evaluation does. Under data
+parallelism a stage rolls out only its rank's share of each step's items (`items.step_items`).
+"""
+import time
+from collections import Counter
+
+import msgspec
+
+from memr1.rl.agents import GREEDY, SamplingConfig, hit_cap
+from memr1.rl.agents.answer import AnswerConfig, parse_answer
+from memr1.rl.agents.manager import EVENTS, ManagerConfig
+from memr1.rl.items import step_items
+from memr1.rl.records import Group, Rollout, TrainBatch
+from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
+from memr1.rl.turns import AnswerRequest, answer_prompts, apply_outcomes, decide, manager_turns
+
+
+class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    steps: int = 4
+    prompts_per_step: int = 128   # prompts per step, as verl's train_batch_size counts them
+    group_size: int = 8           # completions per prompt (GRPO's n; PPO samples 1); warm stages: 1
+    lr: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def group_of(completions: list, rewards: list[dict], source: str) -> Group:
+    """A Group from one prompt's completions and each one's reward parts."""
+    parts = {k: [r[k] for r in rewards] for k in rewards[0]}
+    return Group(prompt_ids=list(completions[0].prompt_token_ids), responses=[list(c.token_ids) for c in completions],
+                 behav_logprobs=[list(c.logprobs) for c in completions],
+                 rewards=[sum(r.values()) for r in rewards], breakdown=parts,
+                 truncated=[hit_cap(c) for c in completions], source=source)
+
+
+def reward_metrics(groups: list[Group]) -> dict:
+    """reward_mean and the mean of each reward part (reward_<part>), over every completion."""
+    out = {"reward_mean": mean(r for g in groups for r in g.rewards)}
+    for part in groups[0].breakdown if groups else ():
+        out[f"reward_{part}"] = mean(v for g in groups for v in g.breakdown[part])
+    return out
+
+
+def score_answers(texts: list[str], golds: list[str], questions: list[str], cfg: AnswerConfig,
+                  reward: RewardConfig, judge) -> tuple[list, list[float]]:
+    """Each answer parsed and scored with the reward's kind (the judge labels them all in one pass)."""
+    parsed = [parse_answer(t, cfg) for t in texts]
+    labels = [None] * len(texts)
+    if reward.kind == "judge":
+        if judge is None:
+            raise ValueError("reward.kind = 'judge' needs a judge: set judge.kind = local or openai")
+        labels = judge.label(list(zip(questions, golds, [p.answer for p in parsed]))).labels
+    return parsed, [answer_score(p.answer, g, reward.kind, lab) for p, g, lab in zip(parsed, golds, labels)]
+
+
+class ManagerStage:
+    name = "manager"
+
+    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig,
+                 manager: ManagerConfig, answer: AnswerConfig, reward: RewardConfig, judge=None,
+                 rank: int = 0, world: int = 1):
+        self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
+        self.cfg, self.rollout_sampling, self.manager, self.answer, self.reward = cfg, rollout, manager, answer, reward
+        self.rank, self.world = rank, world
+
+    def rollout(self, step: int, generator) -> Rollout:
+        t0 = time.perf_counter()
+        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
+        turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
+                              self.embedder, self.manager)
+        sampling = self.rollout_sampling.with_tokens(self.manager.max_new_tokens)
+        completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
+        gen_s = time.perf_counter() - t0
+
+        # Every completion edits its own fork of its item's bank; a refused or unparsed one leaves it as it was.
+        outcomes = decide([(t, c) for t, group in zip(turns, completions) for c in group], self.embedder, self.manager)
+        G = self.cfg.group_size
+        forks = []
+        for j, outcome in enumerate(outcomes):
+            forks.append(items[j // G].bank.fork())
+            apply_outcomes(forks[-1], [outcome])
+
+        # The frozen Answer Agent answers each item's questions from each fork, in one generate call.
+        requests, owners = [], []
+        for j, fork in enumerate(forks):
+            it = items[j // G]
+            requests += [AnswerRequest(fork, qa.question, it.speakers) for qa in it.questions]
+            owners += [(j, qa.answer) for qa in it.questions]
+        answers = self.frozen.generate(answer_prompts(requests, self.embedder, self.answer), 1,
+                                       GREEDY.with_tokens(self.answer.max_new_tokens)) if requests else []
+        texts = [a[0].text for a in answers]
+        golds = [g for _, g in owners]
+        parsed, scores = score_answers(texts, golds, [r.question for r in requests], self.answer, self.reward,
+                                       self.judge)
+        per_fork = [[] for _ in forks]
+        for (j, _), s in zip(owners, scores):
+            per_fork[j].append(s)
+        parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward) for j, o in enumerate(outcomes)]
+        groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
+
+        n = len(outcomes)
+        status = Counter(o.status for o in outcomes)
+        events = Counter(e for o in outcomes for e in o.events)
+        metrics = {**reward_metrics(groups),
+                   "em_mean": mean(exact_match(p.answer, g) for p, g in zip(parsed, golds)),
+                   "f1_mean": mean(f1(p.answer, g) for p, g in zip(parsed, golds)),
+                   "parse_failure_rate": status["parse_error"] / n,
+                   "invalid_rate": (n - status["ok"] - status["parse_error"]) / n,
+                   **{f"ops_{e.lower()}": events[e] / n for e in EVENTS},
+                   "capped_rate": mean(o.truncated for o in outcomes),
+                   "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
+                   "frozen_answers": len(answers), "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
+                   "response_tokens": sum(g.response_tokens for g in groups)}
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics)
+
+
+class AnswerStage:
+    name = "answer"
+
+    def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, answer: AnswerConfig,
+                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1):
+        self.items, self.embedder, self.judge = items, embedder, judge
+        self.cfg, self.rollout_sampling, self.answer, self.reward = cfg, rollout, answer, reward
+        self.rank, self.world = rank, world
+
+    def rollout(self, step: int, generator) -> Rollout:
+        t0 = time.perf_counter()
+        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
+        requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
+        sampling = self.rollout_sampling.with_tokens(self.answer.max_new_tokens)
+        completions = generator.generate(answer_prompts(requests, self.embedder, self.answer), self.cfg.group_size,
+                                         sampling)
+        gen_s = time.perf_counter() - t0
+        flat = [(it, c) for it, group in zip(items, completions) for c in group]
+        golds = [it.question.answer for it, _ in flat]
+        parsed, scores = score_answers([c.text for _, c in flat], golds, [it.question.question for it, _ in flat],
+                                       self.answer, self.reward, self.judge)
+        parts = [answer_reward(s, p.has_answer_tag, self.reward) for p, s in zip(parsed, scores)]
+        G = self.cfg.group_size
+        groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
+        metrics = {**reward_metrics(groups),
+                   "em_mean": mean(exact_match(p.answer, g) for p, g in zip(parsed, golds)),
+                   "f1_mean": mean(f1(p.answer, g) for p, g in zip(parsed, golds)),
+                   "parse_failure_rate": mean(not p.has_answer_tag for p in parsed),
+                   "capped_rate": mean(hit_cap(c) for _, c in flat),
+                   "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
+                   "response_tokens": sum(g.response_tokens for g in groups)}
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics)

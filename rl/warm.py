@@ -1,0 +1,100 @@
+"""Warm start: a few supervised steps on the synthetic oracle before RL, as a stage of its own through
+the same loop, learner and checkpoints.
+
+A warm group is one prompt, built by the same turn code as the RL stage, with one scripted reply
+whose advantage is 1. With no sampling there is nothing to correct for, and the policy-gradient loss
+on a ratio of 1 has the gradient of the reply's negative log-likelihood: supervised fine-tuning.
+- answer agent: the evidence memories, copied as the prompt shows them, then `Answer: <gold>`
+  (memory distillation), or just the answer line when `answer.distill` is off;
+- manager: the oracle's ops for the call, in the op JSON the prompt asks for (every shown memory with
+  its event, then the ADDs).
+The oracle decides only what is imitated here; RL stages are rewarded by outcomes alone.
+"""
+import json
+import time
+
+from memr1.rl.agents import chat_prompt_ids, reply_ids
+from memr1.rl.agents.answer import AnswerConfig, memory_lines
+from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.items import step_items
+from memr1.rl.records import Group, Rollout, TrainBatch
+from memr1.rl.stages import StageConfig
+from memr1.rl.turns import AnswerRequest, ManagerTurn, answer_prompts, manager_turns
+
+
+def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -> str:
+    """What a perfect answer agent writes for `request` (its prompt built by answer_prompts)."""
+    slots = {e["slot"] for e in oracle["timeline"] if e["dia_id"] in qa.evidence}
+    evidence = {oracle["final_facts"][s] for s in slots if s in oracle["final_facts"]}
+    if not cfg.distill:
+        return f"Answer: {qa.answer}"
+    picked = [m for ms in request.memories.values() for m in ms if m[1] in evidence]
+    lines = memory_lines(picked, cfg) or ["- (none)"]
+    return "Relevant memories:\n" + "\n".join(lines) + f"\nAnswer: {qa.answer}"
+
+
+def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict) -> str:
+    """The oracle's ops for one call, against the memories its prompt shows (local ids 0..k-1)."""
+    local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
+    ops: dict[int, dict] = {}            # local id -> op on a shown memory
+    adds: dict[str, dict] = {}           # slot -> op adding a memory in this call
+    touched: dict[str, dict] = {}        # slot -> the op that now holds it
+    for e in (e for e in oracle["timeline"] if e["dia_id"] in call["dia_ids"]):
+        op = touched.get(e["slot"])
+        if e["event"] == "ADD":      # a new memory, also for a slot deleted earlier in this call
+            op = adds[e["slot"]] = {"text": e["memory"], "event": "ADD"}
+        elif op is None:
+            i = local.get(e.get("old_memory"))
+            if i is None:
+                continue                 # the memory was not retrieved: no op can name it
+            op = ops[i] = {"id": str(i), "text": shown_texts[i], "event": "NONE"}
+        if e["event"] == "UPDATE":
+            if op["event"] != "ADD":
+                op.update(event="UPDATE", old_memory=op.get("old_memory", op["text"]))
+            op["text"] = e["memory"]
+        elif e["event"] == "DELETE":
+            if op["event"] == "ADD":
+                adds.pop(e["slot"])
+            else:
+                op.update(event="DELETE", text=op.get("old_memory", op["text"]))
+                op.pop("old_memory", None)
+        touched[e["slot"]] = op
+    out = [ops.get(i, {"id": str(i), "text": t, "event": "NONE"}) for i, t in enumerate(shown_texts)]
+    out += [{"id": str(len(shown_texts) + k), **op} for k, op in enumerate(adds.values())]
+    return json.dumps({"memory": out}, ensure_ascii=False)
+
+
+class WarmStage:
+    """Supervised warm start of one role ("manager" or "answer") on the oracle; see the module doc."""
+
+    def __init__(self, role: str, items, conversations: dict, embedder, tokenizer, cfg: StageConfig,
+                 manager: ManagerConfig, answer: AnswerConfig, rank: int = 0, world: int = 1):
+        if role not in ("manager", "answer"):
+            raise ValueError(f"WarmStage role must be manager or answer, got {role!r}")
+        missing = sorted({it.conversation for it in items if not conversations[it.conversation].oracle})
+        if missing:
+            raise ValueError(f"a {role} warm start needs the synthetic oracle; {missing[:3]} have none")
+        self.name, self.role = f"{role}_warm", role
+        self.items, self.convs, self.embedder, self.tokenizer = items, conversations, embedder, tokenizer
+        self.cfg, self.manager, self.answer, self.rank, self.world = cfg, manager, answer, rank, world
+
+    def rollout(self, step: int, generator) -> Rollout:
+        t0 = time.perf_counter()
+        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
+        if self.role == "answer":
+            requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
+            prompts = answer_prompts(requests, self.embedder, self.answer)
+            targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.answer)
+                       for r, it in zip(requests, items)]
+        else:
+            turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"])
+                                   for it in items], self.embedder, self.manager)
+            prompts = [t.prompt.messages for t in turns]
+            targets = [manager_target(t, [it.bank.get(i).text for i in t.prompt.bank_ids], it.call,
+                                      self.convs[it.conversation].oracle) for t, it in zip(turns, items)]
+        groups = [Group(prompt_ids=chat_prompt_ids(self.tokenizer, p), responses=[reply_ids(self.tokenizer, t)],
+                        behav_logprobs=None, rewards=[0.0], advantages=[1.0], source=it.source)
+                  for p, t, it in zip(prompts, targets, items)]
+        metrics = {"gen_s": 0.0, "score_s": time.perf_counter() - t0,
+                   "response_tokens": sum(g.response_tokens for g in groups)}
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics)
