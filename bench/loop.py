@@ -16,24 +16,28 @@ from pathlib import Path
 
 
 from memr1.bench.common import print_table, random_llama, write_json
-from memr1.engine.generation import GeneratorConfig, SamplingConfig, make_generator
+from memr1.engine.generation import GeneratorConfig, make_generator
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig
-from memr1.engine.stages import AnswerStage, StageConfig
+from memr1.engine.preload import preload
 from memr1.memory_store import HashEmbedder
+from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.data import load_conversations
-from memr1.rl.items import ItemsConfig, build_items
-from memr1.engine.preload import preload
+from memr1.rl.items import answer_items, oracle_bank
+from memr1.rl.rewards import RewardConfig
+from memr1.rl.stages import AnswerStage, StageConfig
+
 
 def run(k: int, model: Path, items, steps: int, args) -> dict:
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
-    learner = Learner(LearnerConfig(model_path=str(model), lr=1e-5))
+    learner = Learner(LearnerConfig(), str(model), lr=1e-5)
     stage = AnswerStage(items, HashEmbedder(64), StageConfig(prompts_per_step=args.prompts, group_size=4),
-                        SamplingConfig(max_new_tokens=args.new_tokens, seed=0), AnswerConfig(top_k_per_speaker=10))
+                        SamplingConfig(), AnswerConfig(top_k_per_speaker=10, max_new_tokens=args.new_tokens),
+                        RewardConfig())
     metrics = []
     t = time.perf_counter()
-    Loop(stage, gen, learner, LoopConfig(steps=steps, max_staleness=k), metrics.append).run()
+    Loop(stage, gen, learner, LoopConfig(max_staleness=k), steps, metrics.append).run()
     wall = time.perf_counter() - t
     steady = metrics[1:]  # the first step pays warm-up in both modes
     mean = lambda key: statistics.fmean(m[key] for m in steady)
@@ -49,7 +53,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     steps = 4 if args.quick else 8
     args.prompts, args.new_tokens = (4, 24) if args.quick else (8, 32)
-    items = build_items(load_conversations(None, n=10, seed=0, split="train"), HashEmbedder(64), ItemsConfig())[1]
+    convs, embedder = load_conversations(None, n=10, split="train"), HashEmbedder(64)
+    items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         model = random_llama(tmp, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
         rows = [run(k, model, items, steps, args) for k in (0, 1)]

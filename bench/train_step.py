@@ -57,13 +57,15 @@ def peak_rss_mb() -> float:
 
 
 def run_memr1(model: str, ids, adv, prompt: int, steps: int, checkpointing: bool):
-    from memr1.engine.learner import Learner, LearnerConfig, TrainBatch
+    from memr1.engine.learner import Learner, LearnerConfig
     from memr1.rl.losses import LossConfig
-    learner = Learner(LearnerConfig(model_path=model, lr=1e-6, grad_clip=1.0, micro_batch_tokens=MICRO * ids.shape[1],
-                                    loss=LossConfig(aggregation="token-mean"), activation_checkpointing=checkpointing))
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[:, prompt:] = True
-    batch = TrainBatch(list(ids), list(mask), advantages=adv)
+    from memr1.rl.records import Group, TrainBatch
+    learner = Learner(LearnerConfig(grad_clip=1.0, micro_batch_tokens=MICRO * ids.shape[1],
+                                    loss=LossConfig(aggregation="token-mean"), activation_checkpointing=checkpointing),
+                      model, lr=1e-6)
+    groups = [Group(ids[i][:prompt].tolist(), ids[i:i + GROUP, prompt:].tolist(), None, [0.0] * GROUP,
+                    advantages=adv[i:i + GROUP].tolist()) for i in range(0, len(ids), GROUP)]
+    batch = TrainBatch(groups)
     times = []
     for _ in range(steps + 1):  # the first step is warmup
         t0, c0 = time.perf_counter(), time.process_time()

@@ -11,6 +11,7 @@ those: with a ratio of 1 the surrogate's gradient is then the reply's negative l
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -90,6 +91,13 @@ class Learner:
         self.step = 0
         self.version = 0
 
+    def compute(self):
+        """bf16 compute with fp32 master weights on a GPU: FSDP2's mixed-precision policy does it when
+        sharded; a single unsharded GPU gets the same numerics from autocast. fp32 on CPU."""
+        if self.d.device.type == "cuda" and self.d.mesh is None:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # -- one optimizer step ------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict:
         t0 = time.perf_counter()
@@ -115,13 +123,14 @@ class Learner:
         for i, micro in enumerate(micros):
             self._set_sync(i == len(micros) - 1)
             want_entropy = bool(cfg.loss.entropy_coef)
-            out = self.policy(micro, entropy=want_entropy)
+            with self.compute():
+                out = self.policy(micro, entropy=want_entropy)
             logp, ent = out if want_entropy else (out, None)
             behav = micro.behav_logp
             old = behav if (cfg.anchor == "behaviour" and behav is not None) else logp.detach()
             ref_logp = None
             if self.ref is not None and not cfg.loss.kl_in_reward:
-                with torch.no_grad():
+                with torch.no_grad(), self.compute():
                     ref_logp = self.ref(micro)
             loss, m = policy_loss(logp, old, micro.advantages, micro.seq_ids, micro.num_seqs, denom, cfg.loss,
                                   behav_logp=behav if cfg.anchor == "current" else None, ref_logp=ref_logp,
@@ -133,7 +142,8 @@ class Learner:
             (loss * scale).backward()
             m["loss"] = loss.detach()
             if self.critic is not None:
-                values = self.critic(micro.input_ids, micro.position_ids, micro.attention_mask)
+                with self.compute():
+                    values = self.critic(micro.input_ids, micro.position_ids, micro.attention_mask)
                 values = values.reshape(-1)[micro.index]
                 vloss = value_loss(values, micro.old_values, micro.returns, micro.seq_ids, micro.num_seqs,
                                    denom, cfg.loss)
@@ -201,9 +211,10 @@ class Learner:
         cfg, d = self.cfg, self.d
         kl_coef = cfg.loss.kl_coef if cfg.loss.kl_in_reward else 0.0
         for m in micros:
-            m.old_values = self.critic(m.input_ids, m.position_ids, m.attention_mask).reshape(-1)[m.index]
-            if kl_coef:
-                m.kl = kl_penalty(self.policy(m), self.ref(m), cfg.loss.kl_estimator)
+            with self.compute():
+                m.old_values = self.critic(m.input_ids, m.position_ids, m.attention_mask).reshape(-1)[m.index].float()
+                if kl_coef:
+                    m.kl = kl_penalty(self.policy(m), self.ref(m), cfg.loss.kl_estimator)
         real = [m for m in micros if not m.dummy]
         flat_adv = flat_ret = torch.zeros(0, device=d.device)
         if real:

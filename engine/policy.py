@@ -23,7 +23,9 @@ class PolicyModel(nn.Module):
         hidden = base(input_ids=micro.input_ids, position_ids=micro.position_ids,
                       attention_mask=micro.attention_mask, use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1])[micro.index]
-        return kernels.logprobs(hidden, self.lm.get_output_embeddings().weight, micro.targets,
+        weight = self.lm.get_output_embeddings().weight
+        weight = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)  # autocast: bf16 hidden
+        return kernels.logprobs(hidden, weight, micro.targets,
                                 temperature=self.temperature, entropy=entropy, chunk_tokens=self.chunk)
 
 
