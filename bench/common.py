@@ -1,8 +1,10 @@
 """What every benchmark shares: machine facts, percentiles, a printed table and the JSON contract
 `{"bench": name, "machine": {...}, "rows": [...]}`."""
+import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +18,8 @@ THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_R
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpu_simd": _cpu_simd(),
+    info = {"commit": _git_commit(), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv, "platform": platform.platform(), "cpu": _cpu_model(), "cpu_simd": _cpu_simd(),
             "cpus": len(os.sched_getaffinity(0)),
             "python": sys.version.split()[0], "load_avg": os.getloadavg(),
             "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
@@ -34,6 +37,18 @@ def machine_info() -> dict:
     except ImportError:
         pass
     return info
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when it has uncommitted changes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
 
 
 def _cpu_model() -> str:

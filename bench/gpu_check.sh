@@ -26,7 +26,10 @@
 #   pytest_kernels.xml     junit XML of the kernel tests (not with --dry)
 #   kernels_cuda.json      bench.kernels rows (kernels_cpu.json, gae only, with --dry)
 #
-#   bash bench/gpu_check.sh [--dry]
+#   bash bench/gpu_check.sh [--dry | --prepare]
+# --prepare (here, before a device run): fills .gpu_wheels/ with what the device lacks, the cp312 msgspec
+# wheel and SmolLM2's config and tokenizer files (3.7 MB; keep the folder out of git with
+# `echo /.gpu_wheels/ >> .git/info/exclude`), then run the device with carry [".gpu_wheels"].
 # --dry (or GPU_CHECK_DRY=1): every part on the CPU at toy sizes (2-layer model, 1 + 2 learner steps,
 # 4 new tokens; no kernel tests), in seconds: tests/test_gpu_check.py runs it.
 # PY picks the interpreter (.venv/bin/python when present, else python3); PEAK_FLOPS the MFU peak;
@@ -35,10 +38,23 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY=${GPU_CHECK_DRY:-0}
+prepare() {
+    local dest=.gpu_wheels py=${PY:-.venv/bin/python}
+    mkdir -p "$dest/smollm2_shape"
+    "$py" -m pip download -q msgspec==0.23.0 --only-binary=:all: --python-version 3.12 \
+        --platform manylinux2014_x86_64 --no-deps -d "$dest" || return 1
+    local model
+    model=$("$py" -c "from memr1.engine.generation import default_model_path; print(default_model_path())") || return 1
+    for f in config.json tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+        cp "$model/$f" "$dest/smollm2_shape/" || return 1
+    done
+    du -sh "$dest"
+}
 for arg in "$@"; do
     case $arg in
         --dry) DRY=1 ;;
-        *) echo "usage: bash bench/gpu_check.sh [--dry]" >&2; exit 2 ;;
+        --prepare) prepare; exit $? ;;
+        *) echo "usage: bash bench/gpu_check.sh [--dry | --prepare]" >&2; exit 2 ;;
     esac
 done
 PY=${PY:-.venv/bin/python}

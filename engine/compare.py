@@ -62,9 +62,11 @@ def summarize(reports: dict[str, Path], resamples: int, seed: int) -> dict:
     loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
     rows = {}
     for label, r in loaded.items():
-        m, o = r["metrics"]["overall"], r.get("oracle") or {}
+        m, o, mgr = r["metrics"]["overall"], r.get("oracle") or {}, r.get("manager") or {}
+        calls = mgr.get("calls") or 0
         rows[label] = {"em": m["em"], "f1": m["f1"], "bleu1": m["bleu1"], "j": m["j"], "n": m["n"],
                        "op_accuracy": None if o.get("op_accuracy") is None else 100 * o["op_accuracy"],
+                       "parse_failure": 100 * mgr.get("status", {}).get("parse_error", 0) / calls if calls else None,
                        "capped": {role: c["rate"] for role, c in r["capped"].items()}}
     pairs = [(a, b) for i, a in enumerate(ROWS) for b in ROWS[i + 1:]]
     comparisons = {}

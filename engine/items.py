@@ -52,16 +52,18 @@ class RunItems:
         return self._facts
 
     def manager(self, stage: str) -> list:
-        """Manager items: each call that decides a question, on its bank (module doc)."""
-        pipeline = "oracle" if stage.endswith("_warm") else self.cfg.items.bank_pipeline
-        if ("manager", pipeline) not in self._memo:
-            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call)
+        """Manager items, on each call's bank (module doc): the calls that decide a question (their
+        answers are the reward); a warm start imitates the oracle on every call."""
+        warm = stage.endswith("_warm")
+        pipeline = "oracle" if warm else self.cfg.items.bank_pipeline
+        if ("manager", pipeline, warm) not in self._memo:
+            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call, every_call=warm)
             if pipeline == "oracle":
                 banks = [oracle_bank(s, s.conv, self.embedder) for s in specs]
             else:
                 banks = self.history_banks(specs, stage)
-            self._memo["manager", pipeline] = manager_items(specs, banks, self.cfg.items, self.run.seed)
-        return self._memo["manager", pipeline]
+            self._memo["manager", pipeline, warm] = manager_items(specs, banks, self.cfg.items, self.run.seed)
+        return self._memo["manager", pipeline, warm]
 
     def history_banks(self, specs: list, stage: str) -> list:
         """The paper's stage-1 banks: the base manager over each call's preceding window of turns."""

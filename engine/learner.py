@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from memr1.engine import dist as dist_utils
-from memr1.engine.batching import Micro, build_micro, micro_count, split_units, units_of
+from memr1.engine.advantages import drop_zero_advantage_groups, group_advantages, ppo_token_targets
+from memr1.engine.batching import build_micro, micro_count, split_units, units_of
 from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
-from memr1.rl.algos import Critic, GRPOConfig, PPOConfig, grpo_advantages, ppo_targets
-from memr1.rl.losses import Denom, LossConfig, kl_penalty, policy_loss, value_loss
+from memr1.rl.algos import Critic, GRPOConfig, PPOConfig
+from memr1.rl.losses import Denom, LossConfig, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
 
 
@@ -42,6 +43,8 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Recompute each decoder block in backward instead of keeping its activations: far less memory
     # (they dominate at RL sequence lengths) for about a third more compute. TRL's default too.
     activation_checkpointing: bool = True
+    train_layers: int = 0              # 0: train every weight; N: only the top N decoder blocks and the final
+                                       # norm (the rest stay frozen, and backward stops below the lowest trained block)
     layout: Literal["auto", "packed", "rows"] = "auto"  # auto: packed with flash-attn, rows otherwise
     share_prefix: bool = True          # rows layout: one copy of a prompt shared by its group
     pad_bucket: int = 64               # rows layout: row width rounds up to this
@@ -50,6 +53,19 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
+
+
+def freeze_below(lm, n: int) -> None:
+    """Leave only the top `n` decoder blocks and the final norm trainable."""
+    layers = dist_utils.decoder_layers(lm)
+    if not 0 < n <= len(layers):
+        raise ValueError(f"learner.train_layers={n}: the model has {len(layers)} decoder blocks")
+    lm.requires_grad_(False)
+    for block in list(layers)[-n:]:
+        block.requires_grad_(True)
+    norm = getattr(getattr(lm, lm.base_model_prefix), "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
 
 
 def seed_everything(seed: int) -> None:
@@ -73,9 +89,11 @@ class Learner:
         seed_everything(seed)
         ac, dev = cfg.activation_checkpointing, self.d.device
         lm = load_lm(model_path, cfg.attn_impl, ac, dev)
+        if cfg.train_layers:
+            freeze_below(lm, cfg.train_layers)
         self.hf_config = lm.config
         self.policy = dist_utils.shard(PolicyModel(lm, temperature, cfg.logprob_chunk), dist_utils.decoder_layers(lm), self.d)
-        self.optim = adamw(self.policy.parameters(), lr, cfg.betas, cfg.weight_decay)
+        self.optim = adamw([p for p in self.policy.parameters() if p.requires_grad], lr, cfg.betas, cfg.weight_decay)
         self.sched = warmup_schedule(self.optim, cfg.warmup_steps)
         self.ref = None
         if cfg.loss.kl_coef:  # coefficient 0: the reference model is never loaded
@@ -103,19 +121,24 @@ class Learner:
         t0 = time.perf_counter()
         cfg, d = self.cfg, self.d
         self._check(batch)
-        units = units_of(batch, cfg.share_prefix and not self.packed)
-        # Only scalars cross ranks: the loss denominators and the micro-batch count (collectives line up).
-        tokens, seqs, positions = d.all_reduce_sum(torch.tensor(
-            [float(batch.response_tokens), float(batch.num_seqs), float(batch.positions)], device=d.device)).tolist()
+        seq_adv = group_advantages(batch, cfg.grpo) if self.critic is None else None
+        work = batch
+        if seq_adv is not None and not (cfg.loss.kl_coef or cfg.loss.entropy_coef):
+            work, seq_adv = drop_zero_advantage_groups(batch, seq_adv)
+        units = units_of(work, cfg.share_prefix and not self.packed)
+        # Only scalars cross ranks: the loss denominators, what was computed, and the micro-batch count
+        # (collectives must line up).
+        tokens, seqs, computed, positions = d.all_reduce_sum(torch.tensor(
+            [float(batch.response_tokens), float(batch.num_seqs), float(work.response_tokens), float(work.positions)],
+            device=d.device)).tolist()
         k = int(d.all_reduce_max(torch.tensor([micro_count(units, cfg.micro_batch_tokens)], device=d.device)).item())
         if seqs == 0:
             raise ValueError("TrainBatch is empty: no rank holds a sequence")
         denom = Denom(tokens=tokens, seqs=seqs, horizon=cfg.loss.horizon)
         micros = [build_micro(part, self.packed, cfg.pad_bucket, d.device) for part in split_units(units, k)]
         if self.critic is not None:
-            self._ppo_targets(batch, micros)
+            ppo_token_targets(self, work, micros)
         else:
-            seq_adv = self._advantages(batch)
             for m in micros:
                 m.advantages = seq_adv[m.gseq][m.seq_ids.cpu()].to(d.device) if not m.dummy else torch.zeros(1, device=d.device)
 
@@ -159,13 +182,14 @@ class Learner:
             metrics["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_optim, self.critic_sched)
         names = sorted(sums)
         totals = d.all_reduce_sum(torch.stack([torch.as_tensor(sums[key]).float().cpu() for key in names]).to(d.device))
-        for key, v in zip(names, totals.tolist()):
-            metrics[key] = v if key in ("loss", "value_loss") else v / max(denom.tokens, 1.0)
+        for key, v in zip(names, totals.tolist()):   # per computed token
+            metrics[key] = v if key in ("loss", "value_loss") else v / max(computed, 1.0)
         self.step += 1
         self.version += 1
         dt = time.perf_counter() - t0
         metrics.update(weight_version=self.version, lr=lr, positions=int(positions), train_s=dt,
-                       positions_per_s=positions / dt, staleness=self.version - 1 - batch.weight_version)
+                       positions_per_s=positions / dt, computed_frac=computed / max(tokens, 1.0),
+                       staleness=self.version - 1 - batch.weight_version)
         return metrics
 
     def _check(self, batch: TrainBatch) -> None:
@@ -175,20 +199,6 @@ class Learner:
             if ids and (max(ids) >= vocab or min(ids) < 0):
                 raise ValueError(f"group {g.source!r}: token ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
 
-    def _advantages(self, batch: TrainBatch) -> torch.Tensor:
-        """One advantage per sequence: given by the group, or GRPO's within-group normalisation."""
-        rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
-        if not rewards.numel():
-            return rewards
-        group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.responses])
-        adv = grpo_advantages(rewards, group_ids, self.cfg.grpo, num_groups=len(batch.groups)).float().cpu()
-        start = 0
-        for g in batch.groups:
-            if g.advantages is not None:
-                adv[start:start + len(g)] = torch.tensor(g.advantages, dtype=torch.float32)
-            start += len(g)
-        return adv
-
     def _set_sync(self, sync: bool):
         # Gradient accumulation: reduce-scatter only after the last micro-batch.
         for model in (self.policy, self.critic):
@@ -196,53 +206,13 @@ class Learner:
                 model.set_requires_gradient_sync(sync)
 
     def _clip_and_step(self, model, optim, sched, update: bool = True) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], self.cfg.grad_clip)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if update and math.isfinite(norm):  # a non-finite gradient skips the update, never poisons weights
             optim.step()
         optim.zero_grad(set_to_none=True)
         sched.step()
         return norm
-
-    @torch.no_grad()
-    def _ppo_targets(self, batch: TrainBatch, micros: list[Micro]):
-        """Critic values and (optionally) KL penalties for every local token, GAE per sequence, then
-        advantages whitened with moments summed over all ranks."""
-        cfg, d = self.cfg, self.d
-        kl_coef = cfg.loss.kl_coef if cfg.loss.kl_in_reward else 0.0
-        for m in micros:
-            with self.compute():
-                m.old_values = self.critic(m.input_ids, m.position_ids, m.attention_mask).reshape(-1)[m.index].float()
-                if kl_coef:
-                    m.kl = kl_penalty(self.policy(m), self.ref(m), cfg.loss.kl_estimator)
-        real = [m for m in micros if not m.dummy]
-        flat_adv = flat_ret = torch.zeros(0, device=d.device)
-        if real:
-            rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
-            offsets = torch.tensor([0] + [m.num_seqs for m in real]).cumsum(0)
-            seqs = torch.cat([m.seq_ids + off for m, off in zip(real, offsets.tolist())])
-            pos = torch.cat([m.pos_in_seq for m in real])
-            gseq = torch.cat([m.gseq for m in real])
-            grid = lambda flat: torch.zeros(len(gseq), int(pos.max()) + 1, device=flat.device).index_put_(
-                (seqs, pos), flat.float())
-            values = grid(torch.cat([m.old_values for m in real]))
-            mask = grid(torch.ones_like(pos, dtype=torch.float32)).bool()
-            kl = grid(torch.cat([m.kl for m in real])) if kl_coef else None
-            adv, ret = ppo_targets(rewards[gseq].to(values.device), values, mask,
-                                   msgspec.structs.replace(cfg.ppo, whiten=False), kl, kl_coef)
-            flat_adv, flat_ret = adv[seqs, pos], ret[seqs, pos]
-        if cfg.ppo.whiten:
-            s, sq, n = d.all_reduce_sum(torch.stack([flat_adv.sum(), flat_adv.square().sum(),
-                                                     torch.tensor(float(flat_adv.numel()), device=d.device)])).tolist()
-            mean = s / max(n, 1.0)
-            var = (sq - n * mean * mean) / max(n - 1.0, 1.0)
-            flat_adv = (flat_adv - mean) / math.sqrt(max(var, 0.0) + 1e-8)
-        start = 0
-        for m in micros:
-            size = 0 if m.dummy else m.index.numel()
-            m.advantages = flat_adv[start:start + size] if size else torch.zeros_like(m.old_values)
-            m.returns = flat_ret[start:start + size] if size else torch.zeros_like(m.old_values)
-            start += size
 
     # -- weights out ---------------------------------------------------------------------------------
     def weight_manifest(self) -> dict[str, tuple[int, ...]]:

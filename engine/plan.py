@@ -9,7 +9,7 @@ import torch
 
 from memr1.engine.config import RunConfig
 from memr1.engine.resolve import budget_warnings, problems, role_of
-from memr1.rl.agents.answer import distillation_bound
+from memr1.rl.agents.answer import reply_bound
 
 GiB = 2**30
 
@@ -69,7 +69,7 @@ def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
                      f"{s.prompts_per_step * s.group_size} completions/step ({s.prompts_per_step // max(world, 1)} "
                      f"prompts per rank), lr {s.lr:g}, up to {budget} new tokens")
     lines.append(f"token budgets: extract {cfg.extract.max_new_tokens}, manager {cfg.manager.max_new_tokens}, answer "
-                 f"{cfg.answer.max_new_tokens} (a one-memory distillation takes at most {distillation_bound(cfg.answer)})")
+                 f"{cfg.answer.max_new_tokens} (a well-formed answer takes at most {reply_bound(cfg.answer)})")
     found = problems(cfg, world) + [f"warning: {w}" for w in budget_warnings(cfg)]
     lines += found
     fits = not problems(cfg, world)

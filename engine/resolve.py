@@ -18,7 +18,7 @@ import msgspec
 from memr1.engine.config import RunConfig
 from memr1.engine.learner import LearnerConfig
 from memr1.rl.agents import SamplingConfig
-from memr1.rl.agents.answer import distillation_bound
+from memr1.rl.agents.answer import reply_bound
 from memr1.rl.algos import dr_grpo
 from memr1.rl.stages import StageConfig
 
@@ -83,10 +83,11 @@ def problems(cfg: RunConfig, world: int) -> list[str]:
 
 
 def budget_warnings(cfg: RunConfig) -> list[str]:
-    """Token budgets that can cut the answer agent's reply: a one-memory distillation must fit."""
-    need = distillation_bound(cfg.answer) if cfg.answer.distill else 8 + 64 + 8
+    """Token budgets that can cut the answer agent's reply: a one-memory distillation (or, without
+    distillation, a short answer) must fit."""
+    need = reply_bound(cfg.answer)
     if cfg.answer.max_new_tokens < need:
-        return [f"answer.max_new_tokens={cfg.answer.max_new_tokens} can cut a one-memory distillation, which "
+        return [f"answer.max_new_tokens={cfg.answer.max_new_tokens} can cut a well-formed reply, which "
                 f"takes up to {need} tokens (answer.max_memory_bytes={cfg.answer.max_memory_bytes}); raise it "
                 f"or lower max_memory_bytes"]
     return []

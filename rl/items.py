@@ -139,7 +139,7 @@ def manager_items(specs: list[CallSpec], banks: list[MemoryBank], cfg: ItemsConf
     out = []
     for spec, bank in zip(specs, banks):
         speakers = (spec.conv.speaker_a, spec.conv.speaker_b)
-        for i in range(0, len(spec.questions), cfg.max_questions_per_item):
+        for i in range(0, max(len(spec.questions), 1), cfg.max_questions_per_item):
             out.append(ManagerItem(spec.conv.sample_id, spec.call, bank,
                                    spec.questions[i:i + cfg.max_questions_per_item], speakers))
     random.Random(seed).shuffle(out)

@@ -54,7 +54,8 @@ def manager_turns(requests: list[tuple], embedder, cfg: ManagerConfig) -> list[M
     for bank, facts, speaker, timestamp in requests:
         shown = memories_for_facts(bank, vectors[row:row + len(facts)], cfg.top_k, speaker=speaker)
         row += len(facts)
-        turns.append(ManagerTurn(list(facts), speaker, timestamp, build_manager_prompt(facts, shown, speaker, timestamp)))
+        turns.append(ManagerTurn(list(facts), speaker, timestamp,
+                                 build_manager_prompt(facts, shown, speaker, timestamp, cfg.list_unchanged)))
     return turns
 
 

@@ -33,8 +33,10 @@ def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -
     return "Relevant memories:\n" + "\n".join(lines) + f"\nAnswer: {qa.answer}"
 
 
-def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict) -> str:
-    """The oracle's ops for one call, against the memories its prompt shows (local ids 0..k-1)."""
+def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict,
+                   list_unchanged: bool = True) -> str:
+    """The oracle's ops for one call, against the memories its prompt shows (local ids 0..k-1); every
+    shown memory is listed (NONE included) or, without `list_unchanged`, only the changed ones."""
     local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
     ops: dict[int, dict] = {}            # local id -> op on a shown memory
     adds: dict[str, dict] = {}           # slot -> op adding a memory in this call
@@ -60,6 +62,8 @@ def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle
                 op.pop("old_memory", None)
         touched[e["slot"]] = op
     out = [ops.get(i, {"id": str(i), "text": t, "event": "NONE"}) for i, t in enumerate(shown_texts)]
+    if not list_unchanged:
+        out = [op for op in out if op["event"] != "NONE"]
     out += [{"id": str(len(shown_texts) + k), **op} for k, op in enumerate(adds.values())]
     return json.dumps({"memory": out}, ensure_ascii=False)
 
@@ -91,7 +95,8 @@ class WarmStage:
                                    for it in items], self.embedder, self.manager)
             prompts = [t.prompt.messages for t in turns]
             targets = [manager_target(t, [it.bank.get(i).text for i in t.prompt.bank_ids], it.call,
-                                      self.convs[it.conversation].oracle) for t, it in zip(turns, items)]
+                                      self.convs[it.conversation].oracle, self.manager.list_unchanged)
+                       for t, it in zip(turns, items)]
         groups = [Group(prompt_ids=chat_prompt_ids(self.tokenizer, p), responses=[reply_ids(self.tokenizer, t)],
                         behav_logprobs=None, rewards=[0.0], advantages=[1.0], source=it.source)
                   for p, t, it in zip(prompts, targets, items)]

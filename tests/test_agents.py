@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import (AnswerConfig, build_answer_messages, distillation_bound, one_memory_distillation,
+from memr1.rl.agents.answer import (AnswerConfig, build_answer_messages, reply_bound, shortest_full_reply,
                                     parse_answer)
 from memr1.rl.agents.extract import build_extract_messages, parse_facts
 from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
@@ -205,13 +205,15 @@ def test_answer_prompts_embed_each_question_once():
     assert answer_prompts([], emb, AnswerConfig()) == []
 
 
-def test_a_one_memory_distillation_fits_its_token_bound():
+def test_a_well_formed_reply_fits_its_token_bound():
     from transformers import AutoTokenizer
     from memr1.engine.generation import default_model_path
     tok = AutoTokenizer.from_pretrained(default_model_path())
-    for cfg in (AnswerConfig(), AnswerConfig(max_memory_bytes=160), AnswerConfig(max_memory_bytes=20)):
-        text = one_memory_distillation(cfg)
-        assert len(tok.encode(text, add_special_tokens=False)) + 1 <= distillation_bound(cfg)
+    for cfg in (AnswerConfig(), AnswerConfig(max_memory_bytes=160), AnswerConfig(max_memory_bytes=20),
+                AnswerConfig(distill=False)):
+        text = shortest_full_reply(cfg)
+        assert len(tok.encode(text, add_special_tokens=False)) + 1 <= reply_bound(cfg)
+    assert reply_bound(AnswerConfig(distill=False)) < reply_bound(AnswerConfig())
     # Memory text in the prompt is cut to max_memory_bytes (UTF-8, at a character boundary).
     msgs = build_answer_messages("Q?", {"A": [(1, "é" * 100, "8 May 2023")]}, AnswerConfig(max_memory_bytes=21))
     assert "- [8 May 2023] " + "é" * 10 + "\n" in msgs[1]["content"] + "\n"

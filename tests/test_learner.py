@@ -194,3 +194,34 @@ def test_activation_checkpointing_changes_memory_not_the_step(tiny):
     assert outs[True][0] == pytest.approx(outs[False][0], abs=1e-6)
     for name, w in outs[False][1].items():
         torch.testing.assert_close(outs[True][1][name], w, atol=1e-6, rtol=0)
+
+
+def test_train_layers_freezes_all_but_the_top_blocks(tiny):
+    learner = learner_for(tiny, lr=1e-2, train_layers=1)
+    before = weights(learner)
+    m = learner.train_step(make_batch())
+    after = weights(learner)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith(("model.layers.1.", "model.norm.")) for k in moved), sorted(moved)
+    assert any(k.startswith("model.layers.1.") for k in moved) and m["grad_norm"] > 0
+    with pytest.raises(ValueError, match="train_layers=3"):
+        learner_for(tiny, train_layers=3)
+
+
+def test_groups_with_zero_advantages_are_skipped_without_changing_the_step(tiny, monkeypatch):
+    """All-equal rewards give a group zero advantages: the learner does not compute it, and the step
+    (loss, weights) equals the one that computes every group."""
+    import memr1.engine.learner as learner_mod
+    batch = make_batch(groups=4, size=4)
+    batch.groups[1].rewards = [1.0] * 4
+    batch.groups[3].rewards = [0.0] * 4
+    skip = learner_for(tiny, lr=1e-3)
+    m_skip = skip.train_step(batch)
+    monkeypatch.setattr(learner_mod, "drop_zero_advantage_groups", lambda b, adv: (b, adv))
+    full = learner_for(tiny, lr=1e-3)
+    m_full = full.train_step(batch)
+    assert m_skip["computed_frac"] < 1.0 == m_full["computed_frac"]
+    assert m_skip["positions"] < m_full["positions"]
+    assert m_skip["loss"] == pytest.approx(m_full["loss"], abs=1e-7)
+    w_skip, w_full = weights(skip), weights(full)
+    assert max((w_skip[k] - w_full[k]).abs().max().item() for k in w_full) < 1e-6

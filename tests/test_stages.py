@@ -113,14 +113,14 @@ def test_forks_keep_rollouts_independent(setup):
     assert group.prompt_ids == [c for c in group.prompt_ids] and len(group.responses) == 4
 
 
-@pytest.mark.parametrize("turns_per_call", [1, 3])
-def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns_per_call):
+@pytest.mark.parametrize("turns_per_call, list_unchanged", [(1, True), (3, True), (2, False)])
+def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns_per_call, list_unchanged):
     """Every manager call of evaluation's bank building has the exact prompt of the training item for
     that call, and the same completion applies the same ops: an eval manager that answers each prompt
     with the oracle ops computed on the training path rebuilds exactly the oracle's final banks."""
     embedder = HashEmbedder(64)
     convs = load_conversations(None, n=3, split="train")
-    manager = msgspec.structs.replace(MANAGER, turns_per_call=turns_per_call)
+    manager = msgspec.structs.replace(MANAGER, turns_per_call=turns_per_call, list_unchanged=list_unchanged)
     facts = {c.sample_id: oracle_facts(c) for c in convs}
     specs = manager_calls(convs, facts, turns_per_call, every_call=True)
     scripted = {}   # training path: the item's prompt -> the oracle's ops for it, and the events they apply
@@ -128,7 +128,8 @@ def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns
         bank = oracle_bank(spec, spec.conv, embedder)
         turn = manager_turns([(bank, spec.call["facts"], spec.call["speaker"], spec.call["timestamp"])],
                              embedder, manager)[0]
-        target = manager_target(turn, [bank.get(i).text for i in turn.prompt.bank_ids], spec.call, spec.conv.oracle)
+        target = manager_target(turn, [bank.get(i).text for i in turn.prompt.bank_ids], spec.call, spec.conv.oracle,
+                                list_unchanged)
         events = decide([(turn, target)], embedder, manager)[0].events
         scripted[json.dumps(turn.prompt.messages)] = (target, events)
 

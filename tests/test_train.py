@@ -86,11 +86,23 @@ def test_warm_then_rl_hand_over_and_the_final_evaluation(model, tmp_path):
         assert r["n"] > 0 and r["ci_low"] <= r["delta"] <= r["ci_high"]
 
 
-def test_validation_hands_on_the_best_checkpoint(model, tmp_path):
+def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, tmp_path, monkeypatch):
+    from memr1.engine import train as train_mod
+    from memr1.rl.data import load_conversations
+    trained_on = []
+
+    class Recording(train_mod.Learner):
+        def train_step(self, batch):
+            trained_on.extend(g.source.split()[0] for g in batch.groups)
+            return super().train_step(batch)
+    monkeypatch.setattr(train_mod, "Learner", Recording)
     run = tmp_path / "run"
-    cfg = load_config(None, overrides(model, run, 3, ("answer",)) + [
-        "loop.validate_every=1", "items.answer_banks=oracle", "data.n=10"])
+    cfg = load_config(None, overrides(model, run, 3, ("answer_warm", "answer")) + [
+        "loop.validate_every=1", "items.answer_banks=oracle", "data.n=20"])
     train(cfg)
+    train_ids = {c.sample_id for c in load_conversations(None, n=20, split="train")}
+    val_ids = {c.sample_id for c in load_conversations(None, n=20, split="val")}
+    assert trained_on and set(trained_on) <= train_ids and not set(trained_on) & val_ids
     val = [r for r in rows(run) if "val_reward_em" in r]
     assert len(val) == 3 and all("val_em_mean" in r and "val_s" in r for r in val)
     best = json.loads((run / "answer" / "best.json").read_text())
@@ -114,17 +126,17 @@ def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(model, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["default", "locomo_grpo", "locomo_ppo"])
-def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_distillation(name, monkeypatch):
+def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeypatch):
     """Each shipped recipe plans on this machine (even the GPU ones), and its answer budget holds a
-    one-memory distillation; the LoCoMo recipes are the paper's (128 prompts, EM, temperature 1.0)."""
+    well-formed reply; the LoCoMo recipes are the paper's (128 prompts, EM, temperature 1.0)."""
     from transformers import AutoTokenizer
     from memr1.engine.generation import default_model_path
-    from memr1.rl.agents.answer import one_memory_distillation
+    from memr1.rl.agents.answer import shortest_full_reply
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = load_config(f"configs/{name}.toml")
     assert budget_warnings(cfg) == []
     tok = AutoTokenizer.from_pretrained(default_model_path())
-    assert len(tok.encode(one_memory_distillation(cfg.answer), add_special_tokens=False)) < cfg.answer.max_new_tokens
+    assert len(tok.encode(shortest_full_reply(cfg.answer), add_special_tokens=False)) < cfg.answer.max_new_tokens
     text, fits = plan_text(cfg)
     assert fits, text
     if name.startswith("locomo"):

@@ -8,17 +8,12 @@ import re
 
 import msgspec
 
-DISTILL_SYSTEM = """You answer questions about two people using memories taken from their past
-conversations. Each memory has the date of the conversation it came from.
-
-First, under "Relevant memories:", copy the few memories that help answer the question (one per line).
-Then give your final answer on the last line as "Answer: <answer>".
-
-Rules for the answer:
-- At most 5 or 6 words: just the fact asked for, no full sentence.
-- If memories disagree, trust the most recent one.
-- Turn relative dates ("yesterday", "last week") into absolute dates using the memory's date.
-- If the memories do not say, give your best short guess."""
+DISTILL_SYSTEM = """You answer questions about two people from memories of their past conversations; each
+memory has the date of the conversation it came from. First, under "Relevant memories:", copy the few
+memories that answer the question, one per line. Then write the final answer on the last line as
+"Answer: <answer>", in at most 5 or 6 words: just the fact asked for. If memories disagree, trust the
+most recent one. Turn relative dates ("yesterday", "last week") into absolute dates using the memory's
+date. If the memories do not say, give your best short guess."""
 
 DIRECT_SYSTEM = """You answer questions about two people using memories taken from their past
 conversations. Each memory has the date of the conversation it came from.
@@ -34,7 +29,7 @@ class AnswerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     distill: bool = True          # False: answer directly without selecting memories (ablation)
     max_new_tokens: int = 2048    # the completion budget of every answer call (the paper's cap)
     max_memory_bytes: int = 512   # a memory's text is cut to this many UTF-8 bytes in the prompt, so
-                                  # copying one memory has a known token bound (distillation_bound)
+                                  # copying one memory has a known token bound (reply_bound)
     max_answer_chars: int = 200
 
     def __post_init__(self):
@@ -53,16 +48,19 @@ def _cut(text: str, limit: int) -> str:
     return text if len(raw) <= limit else raw[:limit].decode("utf-8", errors="ignore")
 
 
-def one_memory_distillation(cfg: AnswerConfig) -> str:
-    """The longest completion that copies one memory and answers: what a budget must never cut."""
-    memory = f"- [{'9' * TIMESTAMP_BYTES}] {'9' * cfg.max_memory_bytes}"
-    return f"Relevant memories:\n{memory}\nAnswer: {'9' * SHORT_ANSWER_BYTES}"
+def shortest_full_reply(cfg: AnswerConfig) -> str:
+    """The longest reply a budget must never cut: with distillation, one copied memory and a short
+    answer; without it, the short answer alone."""
+    answer = f"Answer: {'9' * SHORT_ANSWER_BYTES}"
+    if not cfg.distill:
+        return answer
+    return f"Relevant memories:\n- [{'9' * TIMESTAMP_BYTES}] {'9' * cfg.max_memory_bytes}\n{answer}"
 
 
-def distillation_bound(cfg: AnswerConfig) -> int:
-    """Tokens a one-memory distillation can take, for any byte-level tokenizer: at most one token per
-    UTF-8 byte, plus a few for the end-of-turn tokens. A budget below it can cut a distillation."""
-    return len(one_memory_distillation(cfg).encode("utf-8")) + 8
+def reply_bound(cfg: AnswerConfig) -> int:
+    """Tokens that reply can take, for any byte-level tokenizer: at most one token per UTF-8 byte, plus
+    a few for the end-of-turn tokens. A budget below it can cut a well-formed answer."""
+    return len(shortest_full_reply(cfg).encode("utf-8")) + 8
 
 
 def memory_lines(memories: list[tuple], cfg: AnswerConfig) -> list[str]:

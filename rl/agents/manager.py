@@ -20,23 +20,27 @@ _EVENT_ALIASES = {"NOOP": "NONE", "NO_OP": "NONE", "NO-OP": "NONE", "NOTHING": "
                   "INSERT": "ADD", "CREATE": "ADD", "MODIFY": "UPDATE", "EDIT": "UPDATE",
                   "REMOVE": "DELETE", "DEL": "DELETE"}
 
-MANAGER_SYSTEM = """You maintain a memory bank about the people in a conversation. You are given the
-memories that already exist (each with a short id) and some new facts. Decide, memory by memory, how
-the bank should change, using exactly one of four events:
-
-- ADD: a new fact the bank does not hold yet. Give it a new id (the next unused number).
-- UPDATE: a new fact refines or replaces an existing memory about the same thing (more detail, a
-  changed count, a new city). Keep the existing id, write the merged text in "text", and copy the
-  previous text into "old_memory". When two versions differ only in detail, keep the more detailed one.
-- DELETE: a new fact shows an existing memory is no longer true. Keep its id.
-- NONE: the memory stays as it is. A new fact that says the same thing in other words is NONE, not
-  UPDATE.
-
-List every existing memory once (with its event) and every ADD. Use only ids you were shown, except
-for ADD. Reply with JSON only, in this form:
-{"memory": [{"id": "0", "text": "...", "event": "NONE"},
+MANAGER_SYSTEM = """You keep a memory bank about the people in a conversation. You see one person's existing
+memories (each with a short id) and new facts about them. Decide how the bank changes:
+- ADD: a fact the bank does not hold yet. Give it the next unused id.
+- UPDATE: a fact that changes or adds detail to a memory. Keep its id, write the merged text, and put
+  the previous text in "old_memory". Keep the more detailed version.
+- DELETE: a fact showing a memory is no longer true. Keep its id.
+- NONE: the memory stays. A fact that says the same thing in other words is NONE, not UPDATE.
+{listing} Use only ids you were shown, except for ADD. Reply with JSON only:
+{example}"""
+LIST_ALL = ("List each existing memory once with its event, then the ADDs.",
+            """{"memory": [{"id": "0", "text": "...", "event": "NONE"},
             {"id": "1", "text": "...", "event": "UPDATE", "old_memory": "..."},
-            {"id": "2", "text": "...", "event": "ADD"}]}"""
+            {"id": "2", "text": "...", "event": "ADD"}]}""")
+LIST_CHANGES = ("List only the memories that change and the ADDs; when nothing changes, reply {\"memory\": []}.",
+                """{"memory": [{"id": "1", "text": "...", "event": "UPDATE", "old_memory": "..."},
+            {"id": "2", "text": "...", "event": "ADD"}]}""")
+
+
+def manager_system(list_unchanged: bool) -> str:
+    listing, example = LIST_ALL if list_unchanged else LIST_CHANGES
+    return MANAGER_SYSTEM.replace("{listing}", listing).replace("{example}", example)
 
 
 class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,6 +50,8 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                                         # session) per call; training items are cut the same way
     max_new_tokens: int = 2048          # the completion budget of every manager call (the paper's cap)
     max_ops: int = 64                   # ops after this many are ignored (runaway completions)
+    list_unchanged: bool = True         # the paper's output lists every shown memory (NONE included);
+                                        # false: only the changes and the ADDs (a shorter reply)
     max_text_chars: int = 500
 
     def __post_init__(self):
@@ -87,7 +93,7 @@ class ManagerDiagnostics(msgspec.Struct):
 
 
 def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]], speaker: str = "",
-                         date_time: str = "") -> ManagerPrompt:
+                         date_time: str = "", list_unchanged: bool = True) -> ManagerPrompt:
     """`memories` are (bank_id, text, timestamp), e.g. from `MemoryBank.items_for_prompt`."""
     if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
         raise TypeError("build_manager_prompt: facts must be a list of str")
@@ -99,7 +105,7 @@ def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]],
     header = f"New facts from {speaker or 'the conversation'}" + (f" ({date_time})" if date_time else "")
     user = (f"Existing memories:\n{json.dumps(shown, ensure_ascii=False)}\n\n"
             f"{header}:\n{json.dumps(facts, ensure_ascii=False)}")
-    return ManagerPrompt(messages=[{"role": "system", "content": MANAGER_SYSTEM},
+    return ManagerPrompt(messages=[{"role": "system", "content": manager_system(list_unchanged)},
                                    {"role": "user", "content": user}], bank_ids=bank_ids)
 
 
