@@ -81,24 +81,34 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=str(ROOT / "configs" / "default.toml"))
     p.add_argument("--runs", default="runs/bench_learning", help="where each seed's run directory goes")
     p.add_argument("--json", required=True)
+    p.add_argument("--reuse", action="store_true",
+                   help="a seed whose finished run (same command) is already under --runs is read, not rerun")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every seed")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.quick else None]
+    runs = Path(args.runs).resolve()   # the child runs from the repository root
     rows, timing = [], {}
     for seed in seeds:
-        run = Path(args.runs) / f"seed{seed}"
+        run = runs / f"seed{seed}"
         cmd = [sys.executable, "-m", "memr1.engine.cli", "train", "--config", args.config, f"seed={seed}",
                f"run_dir={run}", *args.overrides]
-        print(" ".join(cmd), flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        minutes = (time.perf_counter() - t0) / 60
-        (Path(args.runs) / f"seed{seed}.log").write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"seed {seed}: memr1 train exited {proc.returncode} (log in {args.runs}/seed{seed}.log)")
-        rows += rows_of(run, seed, round(minutes, 2))
-        timing[seed] = phases(proc.stdout)
+        done = runs / f"seed{seed}.json"   # what a finished seed leaves: its command, minutes and phases
+        if args.reuse and done.is_file() and json.loads(done.read_text())["cmd"] == cmd[1:]:
+            print(f"seed {seed}: reusing the finished run in {run}", flush=True)
+        else:
+            print(" ".join(cmd), flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            minutes = (time.perf_counter() - t0) / 60
+            runs.mkdir(parents=True, exist_ok=True)
+            (runs / f"seed{seed}.log").write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"seed {seed}: memr1 train exited {proc.returncode} (log in {runs}/seed{seed}.log)")
+            done.write_text(json.dumps({"cmd": cmd[1:], "minutes": round(minutes, 2), "phases": phases(proc.stdout)}))
+        finished = json.loads(done.read_text())
+        rows += rows_of(run, seed, finished["minutes"])
+        timing[seed] = finished["phases"]
     print_table(rows, ["stage", "seed", "metric", "base", "warm", "trained", "delta", "ci_low", "ci_high",
                        "rl_delta", "rl_ci_low", "minutes"])
     write_json(args.json, "learning", rows, settings={"config": args.config, "seeds": seeds,

@@ -121,13 +121,17 @@ class AnswerRequest:
 
 def answer_prompts(requests: list[AnswerRequest], embedder, cfg: AnswerConfig) -> list[list[dict]]:
     """The chat prompt of each request: its question and the top-k memories of each speaker from its
-    bank. Every distinct question is embedded once, all in one call (G forks share their questions)."""
+    bank. Every distinct question is embedded once, all in one call (G forks share their questions).
+    The top-k are listed in id order (ids grow with each ADD and survive UPDATE), not by score: the
+    prompt reads in time order, and questions that retrieve the same memories share their prompt up to
+    the question, which vLLM's prefix cache then computes once."""
     unique = list(dict.fromkeys(r.question for r in requests))
     row = {q: v for q, v in zip(unique, embedder.embed(unique) if unique else [])}
     for r in requests:
         v = row[r.question]
         t0 = time.perf_counter()
-        r.memories = {s: r.bank.items_for_prompt(vector=v, k=cfg.top_k_per_speaker, speaker=s) for s in r.speakers}
+        r.memories = {s: sorted(r.bank.items_for_prompt(vector=v, k=cfg.top_k_per_speaker, speaker=s))
+                      for s in r.speakers}
         r.search_s = time.perf_counter() - t0
         r.messages = build_answer_messages(r.question, r.memories, cfg)
     return [r.messages for r in requests]

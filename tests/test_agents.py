@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import (AnswerConfig, build_answer_messages, reply_bound, shortest_full_reply,
+from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, shortest_full_reply,
                                     parse_answer)
 from memr1.rl.agents.extract import build_extract_messages, parse_facts
 from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
@@ -185,6 +185,10 @@ def test_answer_parser():
     r = parse_answer("I think it is\nDenver")
     assert r.answer == "Denver" and not r.has_answer_tag and r.selected == ["I think it is"]
     assert parse_answer("").answer == "" and parse_answer(None).answer == ""
+    # Blank-line floods parse in linear time (a quadratic regex took 40 s on 32 KB of newlines), and
+    # text past MAX_REPLY_CHARS is read from its tail, where the last "Answer:" line is.
+    assert parse_answer("\n" * 200_000 + "Answer: Oslo").answer == "Oslo"
+    assert parse_answer("Answer: Rome\n" + "x" * MAX_REPLY_CHARS + "\nAnswer: Oslo").answer == "Oslo"
 
 
 def test_answer_prompts_embed_each_question_once():
@@ -203,6 +207,21 @@ def test_answer_prompts_embed_each_question_once():
     assert isinstance(requests[1].memories["B"][0][0], int) and np.isscalar(requests[1].memories["B"][0][0])
     assert prompts[0] == build_answer_messages("A fact 1?", requests[0].memories, AnswerConfig(top_k_per_speaker=3))
     assert answer_prompts([], emb, AnswerConfig()) == []
+
+
+def test_answer_prompts_list_memories_in_id_order_so_questions_share_a_prefix():
+    """Two questions that retrieve the same memories in a different score order get the same prompt up
+    to the question (what the prefix cache reuses); the memories read oldest first."""
+    emb = HashEmbedder(DIM)
+    bank = MemoryBank.create(None, dim=DIM)
+    bank.apply_batch(store([ManagerOp("ADD", None, t) for t in ("likes tea", "owns a red bike", "lives in Oslo")],
+                           [], emb, "A"))
+    cfg = AnswerConfig(top_k_per_speaker=3)
+    requests = [AnswerRequest(bank, q, ("A",)) for q in ("Where does A live, Oslo?", "What does A like, tea?")]
+    a, b = (m[1]["content"] for m in answer_prompts(requests, emb, cfg))
+    assert [m[0] for m in requests[0].memories["A"]] == sorted(m.id for m in bank)
+    assert a.split("Question:")[0] == b.split("Question:")[0] and a != b
+    assert a.index("likes tea") < a.index("owns a red bike") < a.index("lives in Oslo")
 
 
 def test_a_well_formed_reply_fits_its_token_bound():

@@ -85,6 +85,17 @@ def test_warm_then_rl_hand_over_and_the_final_evaluation(model, tmp_path):
         r = summary["comparisons"][name]["em"]
         assert r["n"] > 0 and r["ci_low"] <= r["delta"] <= r["ci_high"]
 
+    # bench.learning reads its rows from this run: every stage and metric, trained - base as compared.
+    from memr1.bench.learning import rows_of
+    table = {(r["stage"], r["metric"]): r for r in rows_of(run, 0, 1.0)}
+    assert set(table) == {("answer", "em"), ("answer", "f1"), ("manager", "op_accuracy"),
+                          ("manager", "parse_failure_last3"), ("manager", "f1"), ("end_to_end", "em"),
+                          ("end_to_end", "f1")}
+    e2e = table[("end_to_end", "em")]
+    assert e2e["delta"] == summary["comparisons"]["trained - base"]["em"]["delta"]
+    assert e2e["base"] == summary["rows"]["base"]["em"] and e2e["warm"] is not None
+    assert table[("answer", "f1")]["rl_delta"] == summary["comparisons"]["trained.oracle_banks - warm.oracle_banks"]["f1"]["delta"]
+
 
 def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, tmp_path, monkeypatch):
     from memr1.engine import train as train_mod

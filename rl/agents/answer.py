@@ -99,7 +99,10 @@ class AnswerResult(msgspec.Struct):
     has_answer_tag: bool   # False: no "Answer:" line, the answer is the last non-empty line
 
 
-_ANSWER = re.compile(r"(?im)^[\s*#>_-]*(?:final\s+)?answer\s*[:\uff1a]\s*(.*)$")
+# The line prefix excludes newlines: with \s there, every line start would rescan all later blank lines
+# (quadratic in the reply's length).
+_ANSWER = re.compile(r"(?im)^[ \t*#>_-]*(?:final[ \t]+)?answer[ \t]*[:\uff1a][ \t]*(.*)$")
+MAX_REPLY_CHARS = 32_000   # longer model text is parsed from its tail, where the last "Answer:" is
 _SELECTED_HEADER = re.compile(r"(?i)^\s*[*#]*\s*(relevant|selected)\s+memor(y|ies)")
 _STRIP = " \t*_`\"'"
 
@@ -109,6 +112,7 @@ def parse_answer(output, cfg: AnswerConfig = AnswerConfig()) -> AnswerResult:
     restate the question format first)."""
     if not isinstance(output, str):
         return AnswerResult(answer="", selected=[], has_answer_tag=False)
+    output = output[-MAX_REPLY_CHARS:]
     matches = list(_ANSWER.finditer(output))
     if matches:
         m = matches[-1]
