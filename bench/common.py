@@ -18,7 +18,7 @@ THREAD_ENV = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_R
 
 
 def machine_info() -> dict:
-    info = {"commit": _git_commit(), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    info = {"commit": git_commit(), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "argv": sys.argv, "platform": platform.platform(), "cpu": _cpu_model(), "cpu_simd": _cpu_simd(),
             "cpus": len(os.sched_getaffinity(0)),
             "python": sys.version.split()[0], "load_avg": os.getloadavg(),
@@ -39,7 +39,7 @@ def machine_info() -> dict:
     return info
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """The checkout's commit, with "+dirty" when it has uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
     try:

@@ -18,13 +18,14 @@ points (0 to 100), read from the run's eval/summary.json and metrics.jsonl:
 `minutes` is the run's wall time; the JSON's `phases` holds each seed's minutes per stage and per eval.
 """
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from memr1.bench.common import print_table, write_json
+from memr1.bench.common import git_commit, print_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default="runs/bench_learning", help="where each seed's run directory goes")
     p.add_argument("--json", required=True)
     p.add_argument("--reuse", action="store_true",
-                   help="a seed whose finished run (same command) is already under --runs is read, not rerun")
+                   help="a seed already finished under --runs by the same command, config text and commit "
+                        "is read, not rerun")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every seed")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.quick else None]
@@ -92,8 +94,10 @@ def main(argv=None) -> int:
         run = runs / f"seed{seed}"
         cmd = [sys.executable, "-m", "memr1.engine.cli", "train", "--config", args.config, f"seed={seed}",
                f"run_dir={run}", *args.overrides]
-        done = runs / f"seed{seed}.json"   # what a finished seed leaves: its command, minutes and phases
-        if args.reuse and done.is_file() and json.loads(done.read_text())["cmd"] == cmd[1:]:
+        done = runs / f"seed{seed}.json"   # what a finished seed leaves: what ran, minutes and phases
+        what = {"cmd": cmd[1:], "config_sha256": hashlib.sha256(Path(args.config).read_bytes()).hexdigest(),
+                "commit": git_commit()}
+        if args.reuse and done.is_file() and json.loads(done.read_text())["what"] == what:
             print(f"seed {seed}: reusing the finished run in {run}", flush=True)
         else:
             print(" ".join(cmd), flush=True)
@@ -105,7 +109,7 @@ def main(argv=None) -> int:
             if proc.returncode != 0:
                 print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"seed {seed}: memr1 train exited {proc.returncode} (log in {runs}/seed{seed}.log)")
-            done.write_text(json.dumps({"cmd": cmd[1:], "minutes": round(minutes, 2), "phases": phases(proc.stdout)}))
+            done.write_text(json.dumps({"what": what, "minutes": round(minutes, 2), "phases": phases(proc.stdout)}))
         finished = json.loads(done.read_text())
         rows += rows_of(run, seed, finished["minutes"])
         timing[seed] = finished["phases"]

@@ -1,6 +1,7 @@
 """`memr1 train` end to end on a tiny random model: run directory, stage order and hand-over, resume,
 stage-2 banks, the end-of-run evaluation, validation with best-checkpoint selection, the dry run."""
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,33 @@ def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeyp
         assert f"128 prompts x {group} = {128 * group} completions/step" in text
         assert cfg.answer.max_new_tokens == cfg.manager.max_new_tokens == 2048
         assert cfg.items.bank_pipeline == "manager" and cfg.loop.validate_every > 0
+
+
+def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_path, monkeypatch):
+    """--reuse reads a finished seed instead of rerunning it, unless the config's text changed."""
+    from memr1.bench import learning
+    calls, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "train" not in cmd:             # git, for the commit
+            return real_run(cmd, **kw)
+        calls.append(cmd)
+        run = Path(next(a for a in cmd if a.startswith("run_dir=")).split("=", 1)[1])
+        (run / "eval").mkdir(parents=True, exist_ok=True)
+        (run / "eval" / "summary.json").write_text(json.dumps({"rows": {}, "comparisons": {}}))
+        (run / "metrics.jsonl").write_text("")
+        return subprocess.CompletedProcess(cmd, 0, "stage answer: 60s, hands on x\n", "")
+    monkeypatch.setattr(learning.subprocess, "run", fake_run)
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\n')
+    argv = ["--quick", "--config", str(config), "--runs", str(tmp_path / "runs"), "--json", str(tmp_path / "o.json")]
+    learning.main(argv + ["--reuse"])
+    learning.main(argv + ["--reuse"])
+    assert len(calls) == 1
+    learning.main(argv)                       # without --reuse every seed runs
+    config.write_text('name = "y"\n')
+    learning.main(argv + ["--reuse"])         # a changed config is rerun
+    assert len(calls) == 3
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert out["phases"]["0"] == {"stage answer": 1.0} and {r["stage"] for r in out["rows"]} == {
+        "answer", "manager", "end_to_end"}
