@@ -41,7 +41,9 @@ DRY=${GPU_CHECK_DRY:-0}
 prepare() {
     local dest=.gpu_wheels py=${PY:-.venv/bin/python}
     mkdir -p "$dest/smollm2_shape"
-    "$py" -m pip download -q msgspec==0.23.0 --only-binary=:all: --python-version 3.12 \
+    local pin  # the project's own msgspec pin, as a cp312 wheel for the device's Python
+    pin=$(grep -m1 '^msgspec==' requirements.txt) || return 1
+    "$py" -m pip download -q "$pin" --only-binary=:all: --python-version 3.12 \
         --platform manylinux2014_x86_64 --no-deps -d "$dest" || return 1
     local model
     model=$("$py" -c "from memr1.engine.generation import default_model_path; print(default_model_path())") || return 1

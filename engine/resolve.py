@@ -87,9 +87,10 @@ def budget_warnings(cfg: RunConfig) -> list[str]:
     distillation, a short answer) must fit."""
     need = reply_bound(cfg.answer)
     if cfg.answer.max_new_tokens < need:
+        fix = (f" (answer.max_memory_bytes={cfg.answer.max_memory_bytes}); raise it or lower max_memory_bytes"
+               if cfg.answer.distill else "; raise it")
         return [f"answer.max_new_tokens={cfg.answer.max_new_tokens} can cut a well-formed reply, which "
-                f"takes up to {need} tokens (answer.max_memory_bytes={cfg.answer.max_memory_bytes}); raise it "
-                f"or lower max_memory_bytes"]
+                f"takes up to {need} tokens{fix}"]
     return []
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, shortest_full_reply,
+from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, longest_reply_to_fit,
                                     parse_answer)
 from memr1.rl.agents.extract import build_extract_messages, parse_facts
 from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
@@ -230,7 +230,7 @@ def test_a_well_formed_reply_fits_its_token_bound():
     tok = AutoTokenizer.from_pretrained(default_model_path())
     for cfg in (AnswerConfig(), AnswerConfig(max_memory_bytes=160), AnswerConfig(max_memory_bytes=20),
                 AnswerConfig(distill=False)):
-        text = shortest_full_reply(cfg)
+        text = longest_reply_to_fit(cfg)
         assert len(tok.encode(text, add_special_tokens=False)) + 1 <= reply_bound(cfg)
     assert reply_bound(AnswerConfig(distill=False)) < reply_bound(AnswerConfig())
     # Memory text in the prompt is cut to max_memory_bytes (UTF-8, at a character boundary).

@@ -143,12 +143,12 @@ def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeyp
     well-formed reply; the LoCoMo recipes are the paper's (128 prompts, EM, temperature 1.0)."""
     from transformers import AutoTokenizer
     from memr1.engine.generation import default_model_path
-    from memr1.rl.agents.answer import shortest_full_reply
+    from memr1.rl.agents.answer import longest_reply_to_fit
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = load_config(f"configs/{name}.toml")
     assert budget_warnings(cfg) == []
     tok = AutoTokenizer.from_pretrained(default_model_path())
-    assert len(tok.encode(shortest_full_reply(cfg.answer), add_special_tokens=False)) < cfg.answer.max_new_tokens
+    assert len(tok.encode(longest_reply_to_fit(cfg.answer), add_special_tokens=False)) < cfg.answer.max_new_tokens
     text, fits = plan_text(cfg)
     assert fits, text
     if name.startswith("locomo"):

@@ -48,7 +48,7 @@ def _cut(text: str, limit: int) -> str:
     return text if len(raw) <= limit else raw[:limit].decode("utf-8", errors="ignore")
 
 
-def shortest_full_reply(cfg: AnswerConfig) -> str:
+def longest_reply_to_fit(cfg: AnswerConfig) -> str:
     """The longest reply a budget must never cut: with distillation, one copied memory and a short
     answer; without it, the short answer alone."""
     answer = f"Answer: {'9' * SHORT_ANSWER_BYTES}"
@@ -60,7 +60,7 @@ def shortest_full_reply(cfg: AnswerConfig) -> str:
 def reply_bound(cfg: AnswerConfig) -> int:
     """Tokens that reply can take, for any byte-level tokenizer: at most one token per UTF-8 byte, plus
     a few for the end-of-turn tokens. A budget below it can cut a well-formed answer."""
-    return len(shortest_full_reply(cfg).encode("utf-8")) + 8
+    return len(longest_reply_to_fit(cfg).encode("utf-8")) + 8
 
 
 def memory_lines(memories: list[tuple], cfg: AnswerConfig) -> list[str]:

@@ -38,9 +38,12 @@ LIST_CHANGES = ("List only the memories that change and the ADDs; when nothing c
             {"id": "2", "text": "...", "event": "ADD"}]}""")
 
 
+_SYSTEMS = {flag: MANAGER_SYSTEM.replace("{listing}", listing).replace("{example}", example)
+            for flag, (listing, example) in ((True, LIST_ALL), (False, LIST_CHANGES))}
+
+
 def manager_system(list_unchanged: bool) -> str:
-    listing, example = LIST_ALL if list_unchanged else LIST_CHANGES
-    return MANAGER_SYSTEM.replace("{listing}", listing).replace("{example}", example)
+    return _SYSTEMS[bool(list_unchanged)]
 
 
 class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
