@@ -58,6 +58,6 @@ setup(
     ext_modules=[CMakeExtension("memr1.memory_store._core")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["torch>=2.13,<2.15", "transformers>=5.16.1", "usearch", "msgspec", "numpy",
-                      "safetensors", "tqdm", "tensorboard"],
+                      "safetensors", "tqdm", "tensorboard", "matplotlib"],
     entry_points={"console_scripts": ["memr1=memr1.engine.cli:run"]},
 )

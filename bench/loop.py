@@ -1,66 +1,163 @@
-"""Synchronous vs asynchronous training: the same small config at max_staleness 0 and 1.
+"""Synchronous vs asynchronous training: the same stage at max_staleness 0 and 1, in alternating legs.
 
-    python -m memr1.bench.loop [--quick] --json PATH
+    python -m memr1.bench.loop [--quick] [--rows tiny,smollm2] [--legs N] [--steps N] --json PATH
 
-Rows: max_staleness, step_s (wall seconds per step, after a warm-up step), gen_s, train_s, sync_s
-(moving weights), sync_wait_s (waiting for an in-flight generate call before moving them), idle_frac
-(the share of the learner's time spent waiting for rollouts). The model is a small random
-Llama with SmolLM2's tokenizer on the HF backend, the stage is the Answer Agent stage on synthetic data;
-both runs share every setting but the staleness bound.
-"""
+Rows (one per model row and staleness): step_s (median wall seconds per learner step), its spread, and
+the balance that decides the result: gen_s (the rollout: prompts, generate, scoring), train_s, sync_s
+(moving weights), sync_wait_s (waiting for an in-flight generate call before moving them), idle_s (the
+learner waiting for a rollout), gen_train_ratio (gen_s / train_s). In async mode generation and training
+share the cores, so its gen_s and train_s are contended; the sync row's ratio is the uncontended balance.
+  tiny     a random 4-layer Llama (SmolLM2's tokenizer) on the HF backend, answer stage on synthetic data
+  smollm2  SmolLM2-135M-Instruct with configs/default.toml's generator (vLLM where installed), embedder,
+           learner and answer-stage shape (prompts per step, group size, token budget, lr)
+Legs run staleness 0, 1, 1, 0, ... so drift over the run hits both modes alike. Every leg starts from the
+base weights (a fresh learner, the generator reloaded) at step 0, so both modes see the same prompts; its
+first step (warm-up) and last (async has nothing left to overlap it with) are not timed."""
 import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-
 from memr1.bench.common import print_table, random_llama, write_json
-from memr1.engine.generation import GeneratorConfig, make_generator
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.engine.loop import Loop, LoopConfig
 from memr1.engine.preload import preload
-from memr1.memory_store import HashEmbedder
-from memr1.rl.agents import SamplingConfig
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.data import load_conversations
-from memr1.rl.items import answer_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import AnswerStage, StageConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
+ORDER = (0, 1, 1, 0)  # staleness of leg i is ORDER[i % 4]
 
 
-def run(k: int, model: Path, items, steps: int, args) -> dict:
+class Setup:
+    """What one model row needs to run legs: the stage, the generator, and how to make a fresh learner."""
+
+    def __init__(self, name, stage, gen, make_learner, settings: dict):
+        self.name, self.stage, self.gen, self.make_learner, self.settings = name, stage, gen, make_learner, settings
+
+
+def tiny_setup(folder: str, quick: bool) -> Setup:
+    from memr1.engine.generation import GeneratorConfig, make_generator
+    from memr1.engine.learner import Learner, LearnerConfig
+    from memr1.memory_store import HashEmbedder
+    from memr1.rl.agents import SamplingConfig
+    from memr1.rl.agents.answer import AnswerConfig
+    from memr1.rl.data import load_conversations
+    from memr1.rl.items import answer_items, oracle_bank
+    from memr1.rl.rewards import RewardConfig
+    from memr1.rl.stages import AnswerStage, StageConfig
+
+    prompts, new_tokens = (4, 24) if quick else (8, 32)
+    model = random_llama(folder, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
+    convs, embedder = load_conversations(None, n=10, split="train"), HashEmbedder(64)
+    items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
-    learner = Learner(LearnerConfig(), str(model), lr=1e-5)
-    stage = AnswerStage(items, HashEmbedder(64), StageConfig(prompts_per_step=args.prompts, group_size=4),
-                        SamplingConfig(), AnswerConfig(top_k_per_speaker=10, max_new_tokens=args.new_tokens),
-                        RewardConfig())
+    answer = AnswerConfig(top_k_per_speaker=10, max_new_tokens=new_tokens)
+    stage = AnswerStage(items, embedder, StageConfig(prompts_per_step=prompts, group_size=4), SamplingConfig(),
+                        answer, RewardConfig())
+    settings = {"backend": "hf", "stage": "answer", "prompts_per_step": prompts, "group_size": 4,
+                "max_new_tokens": new_tokens, "lr": 1e-5, "learner": "LearnerConfig() defaults"}
+    return Setup("tiny-random", stage, gen, lambda: Learner(LearnerConfig(), str(model), lr=1e-5), settings)
+
+
+def smollm2_setup() -> Setup:
+    import msgspec
+
+    from memr1.engine.config import load_config, make_embedder
+    from memr1.engine.generation import make_generator
+    from memr1.engine.learner import Learner
+    from memr1.engine.resolve import resolve
+    from memr1.rl.data import load_conversations
+    from memr1.rl.items import answer_items, oracle_bank
+    from memr1.rl.stages import AnswerStage
+
+    run = resolve(load_config(DEFAULT_CONFIG))
+    cfg, scfg = run.cfg, run.stage("answer")
+    embedder = make_embedder(cfg)
+    convs = load_conversations(cfg.data.path or None, cfg.data.n, split="train")
+    items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
+    gen = make_generator(cfg.generator, run.seed)
+    stage = AnswerStage(items, embedder, scfg, run.rollout_sampling("answer"), cfg.answer, cfg.reward)
+    backend = "vllm" if type(gen).__name__ == "VLLMGenerator" else "hf"  # generator.backend = "auto" picks one
+    settings = {"backend": backend, "stage": "answer", "prompts_per_step": scfg.prompts_per_step,
+                "group_size": scfg.group_size, "max_new_tokens": cfg.answer.max_new_tokens, "lr": scfg.lr,
+                "config": str(DEFAULT_CONFIG), "embedder": cfg.embedder,
+                "generator": msgspec.to_builtins(cfg.generator), "learner": msgspec.to_builtins(run.learner("answer"))}
+    return Setup("SmolLM2-135M-Instruct", stage, gen,
+                 lambda: Learner(run.learner("answer"), str(run.base_model), lr=scfg.lr,
+                                 temperature=run.temperature("answer"), seed=run.seed), settings)
+
+
+def run_leg(setup: Setup, staleness: int, steps: int) -> tuple[list[dict], float]:
+    """One leg from the base weights: the per-step metrics of its timed steps, and its wall seconds."""
+    from memr1.engine.loop import Loop, LoopConfig
+
+    learner = setup.make_learner()
+    bucket = 256 << 20
+    named = (pair for b in learner.export_weights(bucket) for pair in b)
+    setup.gen.update_weights(named, 0, manifest=learner.weight_manifest())  # the base weights, version 0
     metrics = []
     t = time.perf_counter()
-    Loop(stage, gen, learner, LoopConfig(max_staleness=k), steps, metrics.append).run()
+    Loop(setup.stage, setup.gen, learner, LoopConfig(max_staleness=staleness, checkpoint_every=0), steps,
+         metrics.append).run()
     wall = time.perf_counter() - t
-    steady = metrics[1:]  # the first step pays warm-up in both modes
-    mean = lambda key: statistics.fmean(m[key] for m in steady)
-    step_s = statistics.fmean(m["step_s"] for m in steady)
-    return {"max_staleness": k, "step_s": step_s, "gen_s": mean("gen_s"), "train_s": mean("train_s"),
-            "sync_s": mean("sync_s"), "sync_wait_s": mean("sync_wait_s"), "idle_frac": mean("idle_s") / step_s, "steps": steps, "wall_s": wall}
+    if len(metrics) != steps or any(m.get("skipped") for m in metrics):
+        raise RuntimeError(f"leg at staleness {staleness} trained {len(metrics)} of {steps} steps")
+    return metrics[1:-1], wall
+
+
+def bench_row(setup: Setup, legs: int, timed: int) -> list[dict]:
+    steps = {0: [], 1: []}
+    walls = {0: [], 1: []}
+    for leg in range(legs):
+        k = ORDER[leg % len(ORDER)]
+        print(f"  {setup.name}: leg {leg + 1}/{legs}, max_staleness {k}", flush=True)
+        m, wall = run_leg(setup, k, timed + 2)
+        steps[k] += m
+        walls[k].append(wall / (timed + 2))
+    rows = []
+    for k in (0, 1):
+        med = lambda key: statistics.median(m[key] for m in steps[k])  # noqa: E731
+        step_s = [m["step_s"] for m in steps[k]]
+        rows.append({"model": setup.name, "max_staleness": k, "legs": len(walls[k]), "steps_timed": len(step_s),
+                     "step_s": statistics.median(step_s), "step_s_spread": [min(step_s), max(step_s)],
+                     "gen_s": med("gen_s"), "train_s": med("train_s"), "sync_s": med("sync_s"),
+                     "sync_wait_s": med("sync_wait_s"), "idle_s": med("idle_s"),
+                     "idle_frac": med("idle_s") / statistics.median(step_s),
+                     "gen_train_ratio": med("gen_s") / med("train_s"),
+                     "response_tokens": med("response_tokens"), "wall_per_step_s": statistics.median(walls[k]),
+                     "step_s_all": step_s, **setup.settings})
+    return rows
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--quick", action="store_true", help="the tiny row only, 4 legs of 1 timed step, small batches")
+    p.add_argument("--rows", default=None, help="tiny,smollm2 (default; --quick: tiny)")
+    p.add_argument("--legs", type=int, default=None, help="legs, alternating staleness 0,1,1,0 (default 4)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per leg (default 5; --quick: 1)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
-    steps = 4 if args.quick else 8
-    args.prompts, args.new_tokens = (4, 24) if args.quick else (8, 32)
-    convs, embedder = load_conversations(None, n=10, split="train"), HashEmbedder(64)
-    items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = random_llama(tmp, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
-        rows = [run(k, model, items, steps, args) for k in (0, 1)]
-    print_table(rows, ["max_staleness", "step_s", "gen_s", "train_s", "sync_s", "sync_wait_s", "idle_frac", "steps"])
-    print(f"  max_staleness 1 / 0 wall seconds per step = {rows[1]['step_s'] / rows[0]['step_s']:.2f}")
-    write_json(args.json, "loop", rows)
+    names = (args.rows or ("tiny" if args.quick else "tiny,smollm2")).split(",")
+    legs, timed = args.legs or 4, args.steps or (1 if args.quick else 5)
+    if bad := [n for n in names if n not in ("tiny", "smollm2")]:
+        p.error(f"unknown rows {bad}")
+    if legs < 2 or timed < 1:
+        p.error("--legs must be >= 2 (both modes) and --steps >= 1")
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            setup = tiny_setup(tmp, args.quick) if name == "tiny" else smollm2_setup()
+            rows += bench_row(setup, legs, timed)
+            del setup
+    print_table(rows, ["model", "max_staleness", "steps_timed", "step_s", "gen_s", "train_s", "sync_s", "sync_wait_s",
+                       "idle_s", "gen_train_ratio"])
+    head = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        sync, lag = (next(r for r in rows if r["model"] == name and r["max_staleness"] == k) for k in (0, 1))
+        head[name] = {"async_over_sync_step_s": lag["step_s"] / sync["step_s"],
+                      "gen_train_ratio_sync": sync["gen_train_ratio"]}
+        print(f"  {name}: max_staleness 1 / 0 median seconds per step = {head[name]['async_over_sync_step_s']:.2f} "
+              f"(gen/train {sync['gen_train_ratio']:.2f} when synchronous)")
+    write_json(args.json, "loop", rows, headline=head, settings={"legs": legs, "timed_steps_per_leg": timed,
+                                                                 "order": list(ORDER), "rows": names})
     return 0
 
 

@@ -1,141 +1,60 @@
-"""Memory-op latency: memr1's bank against a usearch.Index used directly as the bank.
+"""Memory-bank ops, search before and after changes, compaction, fork rollouts and concurrent readers:
+memr1's bank against what a competent user would write (bench.memory_impls).
 
-    python -m memr1.bench.memory_ops [--quick] --json PATH
+    python -m memr1.bench.memory_ops [--quick] [--only SECTION ...] --json PATH
 
-Vectors are 384-d points with low intrinsic dimension, like sentence embeddings: clusters in a
-24-d latent space, projected up, plus noise. HNSW recall on independent random vectors says nothing
-about real embeddings. Both impls share one HNSW graph: memr1 opens the saved index as a read-only view,
-the baseline restores a mutable copy of it. The baseline does what a user would write: UPDATE is
-remove + add, fork is Index.copy().
+Sections: `phases` (bench.memory_phases: search per phase with recall against a float64 truth, compact
+time, op latency on disk banks; search against dead rows at the largest HNSW size), `rollout` and
+`threads` (bench.memory_rollout), `sweep` (exact against HNSW search, to place hnsw_threshold).
+Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
+memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
+(fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50 and p99.
 """
 import argparse
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
-from usearch.index import Index
 
-from memr1.bench.common import percentiles, print_table, write_json
-from memr1.memory_store import Add, BankConfig, Delete, MemoryBank, Noop, Update
+from memr1.bench.common import print_table, write_json
+from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
+from memr1.bench.memory_phases import Scenario, dead_sweep_rows, phase_rows
+from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
+from memr1.memory_store import BankConfig, MemoryBank
 
-DIM = 384
-
-
-def clustered(n: int, seed: int, latent: int = 24, clusters: int = 256) -> np.ndarray:
-    shared = np.random.default_rng(1234)  # the same "embedding space" for every call
-    projection = shared.standard_normal((latent, DIM)).astype(np.float32)
-    centers = 2 * shared.standard_normal((clusters, latent)).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    z = centers[rng.integers(0, clusters, n)] + rng.standard_normal((n, latent)).astype(np.float32)
-    return z @ projection + 0.3 * rng.standard_normal((n, DIM)).astype(np.float32)
+SECTIONS = ("phases", "rollout", "threads", "sweep")
 
 
-def timed(fn, n: int) -> list[int]:
-    out = []
-    for i in range(n):
-        t = time.perf_counter_ns()
-        fn(i)
-        out.append(time.perf_counter_ns() - t)
-    return out
-
-
-def row(impl, op, size, samples_ns, **extra):
-    p50, p99 = percentiles(samples_ns, (50, 99))
-    return {"impl": impl, "op": op, "bank_size": size, "p50_us": p50 / 1e3, "p99_us": p99 / 1e3,
-            "n": len(samples_ns), **extra}
-
-
-def recall_at_10(search, exact_ids: list[set]) -> float:
-    return float(np.mean([len(set(search(i)) & truth) / 10 for i, truth in enumerate(exact_ids)]))
-
-
-class Subject:
-    """One bank size: the memr1 bank, the usearch baseline holding the same graph, and their inputs.
-    `ops()` gives each (impl, op) as a call that advances its own cursor through prepared inputs."""
-
-    def __init__(self, size: int, n_ops: int, n_slow: int, workdir: Path, hnsw_threshold: int):
-        self.size = size
-        vecs = clustered(size + 2 * n_ops, seed=size)
-        self.base, self.extra = vecs[:size], vecs[size:]
-        self.queries = clustered(200, seed=size + 1)
-        t = time.perf_counter()
-        self.bank = MemoryBank.from_arrays(workdir / f"bank-{size}", self.base, [f"memory {i}" for i in range(size)],
-                                           ["user"] * size, ["t"] * size, fsync="never", hnsw_threshold=hnsw_threshold)
-        self.build_s = time.perf_counter() - t
-        self.mode = "hnsw" if self.bank.stats()["hnsw_speakers"] else "exact"
-        print(f"  built a {size:,}-row bank in {self.build_s:.1f}s ({self.mode})")
-        index_file = next((workdir / f"bank-{size}").glob("base-*/hnsw-0.usearch"), None)
-        if index_file is not None:  # the baseline: a mutable copy of the very same graph
-            self.index = Index.restore(str(index_file))
-        else:
-            self.index = Index(ndim=DIM, metric="cos")
-            self.index.add(np.arange(size, dtype=np.uint64), self.base)
-        # recall first, on the pristine bank, against exact search over the same live rows
-        exact = [set(self.bank.search(q, 10, exact=True).ids.tolist()) for q in self.queries]
-        self.recall = {"memr1": recall_at_10(lambda i: self.bank.search(self.queries[i], 10).ids.tolist(), exact),
-                       "usearch": recall_at_10(lambda i: self.index.search(self.queries[i], 10).keys.tolist(), exact)}
-        rng = np.random.default_rng(0)
-        self.to_update = rng.integers(0, size, n_ops)
-        self.to_delete = rng.permutation(size + n_ops)[:n_ops]  # base rows and rows just added
-        self.base_delete = rng.permutation(size + n_slow)[:n_slow]
-
-    def ops(self, n_ops: int, n_slow: int) -> list[tuple[str, str, object, int]]:
-        bank, index, q, extra, size = self.bank, self.index, self.queries, self.extra, self.size
-        cur = {}
-
-        def nxt(key):
-            cur[key] = cur.get(key, -1) + 1
-            return cur[key]
-
-        def usearch_update(_):
-            i = nxt("u_upd")
-            key = int(self.to_update[i])
-            index.remove(key)
-            index.add(key, extra[n_ops + i])
-        return [
-            ("memr1", "search", lambda _: bank.search(q[nxt("s") % 200], 10), n_slow),
-            ("memr1", "search_exact", lambda _: bank.search(q[nxt("se") % 200], 10, exact=True), min(n_slow, 50)),
-            # The floor for exact search: one BLAS matvec over the same matrix, no top-k, no Python API.
-            ("numpy_matvec", "search_exact", lambda _: self.base @ q[nxt("mv") % 200], min(n_slow, 50)),
-            ("memr1", "fork", lambda _: bank.fork(), n_ops),
-            ("memr1", "add", lambda _: bank.apply(Add("new", extra[nxt("add")], "user", "t")), n_ops),
-            ("memr1", "update", lambda _: bank.apply(Update(int(self.to_update[(i := nxt("upd"))]), "upd",
-                                                            extra[n_ops + i])), n_ops),
-            ("memr1", "delete", lambda _: bank.apply(Delete(int(self.to_delete[nxt("del")]))), n_ops),
-            ("memr1", "noop", lambda _: bank.apply(Noop()), n_ops),
-            ("usearch", "search", lambda _: index.search(q[nxt("us") % 200], 10), n_slow),
-            ("usearch", "fork", lambda _: index.copy(), max(4, min(n_slow, 20))),
-            ("usearch", "add", lambda _: index.add(size + nxt("u_add"), extra[cur["u_add"]]), n_slow),
-            ("usearch", "update", usearch_update, n_slow),
-            ("usearch", "delete", lambda _: index.remove(int(self.base_delete[nxt("u_del")])), n_slow),
-            ("usearch", "noop", lambda _: None, n_ops),
-        ]
-
-
-def bench_sizes(sizes: list[int], n_ops: int, n_slow: int, workdir: Path, hnsw_threshold: int,
-                rounds: int = 4) -> list[dict]:
-    """Each (impl, op) is timed in rounds that alternate between the sizes, so the 1e5/1e3 ratio
-    compares samples taken under the same background load."""
-    subjects = [Subject(size, n_ops, n_slow, workdir, hnsw_threshold) for size in sizes]
-    plans = [s.ops(n_ops, n_slow) for s in subjects]
+def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
+    """Per-op latency on the bank as bench.memory_phases left it (compacted, then changed again here).
+    Each impl gets the same targets: updates on live rows, deletes on live and just-added rows."""
+    rng = np.random.default_rng(scn.size + 6)
+    bank = scn.impls["memr1"]
+    counts = {"memr1": n_ops, "usearch": n_slow, "usearch_overlay": n_ops, "numpy_copy": n_ops}
+    next_id = bank.stats()["next_id"]
+    order = rng.permutation(np.array(scn.live_ids + list(range(next_id, next_id + n_ops)))).tolist()
+    plan = {}
+    for impl, n in counts.items():
+        gone = [i for i in order if i < next_id + n][:n]  # what this impl's n adds made live
+        ops = {ADD: [(ADD, None, scn.pool[i % len(scn.pool)]) for i in range(n)],
+               UPDATE: [(UPDATE, scn.live_ids[i % len(scn.live_ids)], scn.pool[-1 - i % len(scn.pool)])
+                        for i in range(n)],
+               DELETE: [(DELETE, int(i), None) for i in gone], NOOP: [(NOOP, None, None)] * n}
+        plan[impl] = {kind: [as_memr1(op) for op in seq] if impl == "memr1" else seq for kind, seq in ops.items()}
     rows = []
-    for k, (impl, op, _, n) in enumerate(plans[0]):
-        samples = {s.size: [] for s in subjects}
-        per_round = max(1, n // rounds)
-        for r in range(rounds):
-            order = subjects if r % 2 == 0 else subjects[::-1]
-            for s in order:
-                samples[s.size] += timed(plans[subjects.index(s)][k][2], per_round)
-        for s in subjects:
-            extra = {"build_s": s.build_s}
-            if op == "search" or (impl == "memr1" and op == "search_exact"):
-                extra["recall_at_10"] = 1.0 if op == "search_exact" else s.recall[impl]
-            if impl == "memr1" and op == "search":
-                extra["mode"] = s.mode
-            rows.append(row(impl, op, s.size, samples[s.size], **extra))
-    for s in subjects:
-        s.bank.close()
+    for kind in (ADD, UPDATE, DELETE, NOOP):
+        impls = [i for i in counts if not (kind == NOOP and i == "usearch")]
+        fns = {i: (lambda j, obj=scn.impls[i], seq=plan[i][kind]: obj.apply(seq[j])) for i in impls}
+        rows += [row(i, kind, scn.size, s, layout=scn.layout) for i, s in alternate(fns, counts, rounds).items()]
+    forks = {"memr1": lambda _: bank.fork(), "usearch_overlay": lambda _: scn.impls["usearch_overlay"].fork(),
+             "numpy_copy": lambda _: scn.impls["numpy_copy"].fork()}
+    counts = {"memr1": n_ops, "usearch_overlay": n_ops, "numpy_copy": 20 if scn.size >= 100_000 else n_slow}
+    rows += [row(i, "fork", scn.size, s, layout=scn.layout, delta_rows=bank.stats()["delta_rows"] if i == "memr1"
+                 else scn.impls[i].stats()["delta_rows"]) for i, s in alternate(forks, counts, rounds).items()]
     return rows
 
 
@@ -146,9 +65,9 @@ def threshold_sweep(sizes: list[int], n: int) -> list[dict]:
     for size in sizes:
         vecs = clustered(size, seed=size + 3)
         bank = MemoryBank.from_arrays(None, vecs, ["m"] * size, ["user"] * size, ["t"] * size, hnsw_threshold=1)
-        for mode in ("exact", "hnsw"):
-            samples = timed(lambda i: bank.search(queries[i % 200], 10, exact=mode == "exact"), n)
-            rows.append(row(f"memr1_{mode}", "search_sweep", size, samples))
+        samples = alternate({mode: (lambda i, e=mode == "exact": bank.search(queries[i % 200], 10, exact=e))
+                             for mode in ("exact", "hnsw")}, n)
+        rows += [row(f"memr1_{mode}", "search_sweep", size, s) for mode, s in samples.items()]
     by = {(r["impl"], r["bank_size"]): r["p50_us"] for r in rows}
     cross = next((s for s in sizes if by[("memr1_hnsw", s)] < by[("memr1_exact", s)]), None)
     print(f"  HNSW search beats exact search from {cross:,} rows on" if cross else
@@ -156,39 +75,102 @@ def threshold_sweep(sizes: list[int], n: int) -> list[dict]:
     return rows
 
 
-def ratios(rows: list[dict]) -> list[str]:
-    by = {(r["impl"], r["op"], r["bank_size"]): r["p50_us"] for r in rows}
-    sizes = sorted({r["bank_size"] for r in rows if r["op"] != "search_sweep"})
+def summary(rows: list[dict]) -> list[str]:
+    """The ratios the targets are about (issue 14), from these rows."""
     lines = []
-    for op in ("add", "update", "delete", "noop", "fork", "search"):
-        for size in [s for s in sizes if ("memr1", op, s) in by]:
-            if ("usearch", op, size) in by and by[("memr1", op, size)] > 0:
-                lines.append(f"{op} @ {size:,}: memr1 is {by[('usearch', op, size)] / by[('memr1', op, size)]:,.1f}x "
-                             f"the usearch baseline")
-        if len(sizes) > 1:
-            lines.append(f"{op}: memr1 p50 at {sizes[-1]:,} / at {sizes[0]:,} = "
-                         f"{by[('memr1', op, sizes[-1])] / by[('memr1', op, sizes[0])]:.2f}")
+    search = {(r["impl"], r["layout"], r["bank_size"], r["phase"]): r for r in rows if r["op"] == "search"}
+    for (impl, layout, size, phase), r in sorted(search.items()):
+        fresh = search[(impl, layout, size, "fresh")]["p50_us"]
+        if phase != "fresh":
+            lines.append(f"search {impl} {layout} {size:,} {phase}: {r['p50_us'] / fresh:.2f}x fresh p50 "
+                         f"(delta {r['delta_rows']:,}, dead {r['dead_rows']:,}), recall {r['recall_at_k']:.3f}")
+    dead = {(r["impl"], r["dead_rows"]): r["p50_us"] for r in rows if r["op"] == "search_vs_dead"}
+    for (impl, d), p50 in sorted(dead.items()):
+        if d:
+            lines.append(f"search {impl} with {d:,} dead base rows: {p50 / dead[(impl, 0)]:.2f}x none")
+    roll = {(r["op"], r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"].startswith("fork_")}
+    for (op, impl, size, group), p50 in sorted(roll.items()):
+        if impl != "memr1":
+            lines.append(f"{op} {size:,} G={group}: {impl} / memr1 = {p50 / roll[(op, 'memr1', size, group)]:.2f}x")
+    for r in rows:
+        if r["impl"] == "memr1" and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
+            lines.append(f"memr1 {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us")
+        if r["op"] == "search_threads" and r["threads"] > 1:
+            lines.append(f"{r['impl']} {r['layout']} search, {r['threads']} threads: {r['scaling']:.2f}x one "
+                         f"thread's qps, CPU {r['cpu_per_wall']:.2f}x wall")
     return lines
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="sizes 1e3 and 1e5 only, fewer samples")
+    p.add_argument("--quick", action="store_true", help="smaller banks, fewer samples, no sweep (a smoke run)")
     p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="disk bank sizes, e.g. 1000,100000")
+    p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], help="memory bank sizes")
+    p.add_argument("--ops-per-fork", type=int, default=3)
+    p.add_argument("--oversample", type=float, default=2.0, help="the overlay's k multiple (memr1's default)")
     p.add_argument("--hnsw-threshold", type=int, default=BankConfig(dim=DIM).hnsw_threshold)
     args = p.parse_args(argv)
-    sizes = [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000]
-    n_ops, n_slow = (2000, 200) if args.quick else (5000, 500)
+    q = args.quick
+    settings = {"disk_sizes": args.sizes or ([1_000, 10_000] if q else [1_000, 10_000, 100_000]),
+                "memory_sizes": args.memory_sizes or ([100, 1_000] if q else [100, 1_000, 10_000]),
+                "rollout_sizes": [1_000] if q else [1_000, 10_000], "groups": [8, 64, 512],
+                "ops_per_fork": args.ops_per_fork, "op_mix": MIX, "k": 10,
+                "queries": 50 if q else 200, "n_search": 60 if q else 400, "n_ops": 1000 if q else 5000,
+                "n_slow": 100 if q else 500, "rounds": 4, "rollout_rounds": 5 if q else 11,
+                "thread_searches": 48 if q else 240, "compact_reps": 1 if q else 3,
+                "dead_counts": [0, 64, 256] if q else [0, 64, 256, 1024, 4096], "overlay_oversample": args.oversample,
+                "sweep_sizes": [2_000, 4_000, 8_000, 16_000, 32_000], "dim": DIM,
+                "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                "bank": msgspec.structs.asdict(BankConfig(dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold))}
+    s = settings
+    config = BankConfig(**s["bank"])
     rows = []
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memr1-bench-") as tmp:
-        rows += bench_sizes(sizes, n_ops, n_slow, Path(tmp), args.hnsw_threshold)
-    rows += threshold_sweep([2_000, 4_000, 8_000, 16_000, 32_000], n_slow)
-    print_table(rows, ["impl", "op", "bank_size", "p50_us", "p99_us", "n", "recall_at_10"])
-    for line in ratios(rows):
+        if "phases" in args.only or "threads" in args.only:
+            layouts = [(layout, size) for layout in ("disk", "memory") for size in s[f"{layout}_sizes"]
+                       if "phases" in args.only or size == max(s[f"{layout}_sizes"])]
+            for layout, size in layouts:
+                scn = Scenario(size, layout, config, args.oversample, Path(tmp))
+                largest = size == max(s[f"{layout}_sizes"])
+                if "threads" in args.only and largest:  # the bank as built: the memory one all delta
+                    rows += thread_rows(scn, s["k"], s["thread_searches"], 3)
+                if "phases" in args.only:
+                    rows += phase_rows(scn, s["k"], s["queries"], s["n_search"], s["rounds"], s["compact_reps"])
+                    if largest and layout == "disk" and size >= config.hnsw_threshold:
+                        rows += dead_sweep_rows(scn, s["k"], s["queries"], s["n_search"] // 2, s["rounds"],
+                                                s["dead_counts"])
+                if "phases" in args.only and layout == "disk":
+                    rows += op_rows(scn, s["n_ops"], s["n_slow"], s["rounds"])
+                scn.close()
+                print(f"  {layout} {size:,} done at {time.perf_counter() - t0:.0f}s")
+        if "rollout" in args.only:
+            for size in s["rollout_sizes"]:
+                scn = Scenario(size, "memory", config, args.oversample, None)
+                rows += rollout_rows(scn, s["groups"], s["ops_per_fork"], s["k"], s["rollout_rounds"])
+    if "sweep" in args.only and not q:
+        rows += threshold_sweep(s["sweep_sizes"], s["n_slow"])
+    print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "n",
+                       "recall_at_k", "delta_rows", "dead_rows", "qps"])
+    for line in summary(rows):
         print("  " + line)
-    write_json(args.json, "memory_ops", rows)
+    print(f"  ({time.perf_counter() - t0:.0f}s)")
+    write_json(args.json, "memory_ops", rows, settings=settings)
     return 0
 
 
+def one_blas_thread() -> None:
+    """Run numpy's matvecs on one thread, as every other side searches, unless OPENBLAS_NUM_THREADS says
+    otherwise: OpenBLAS's thread hand-off can cost a matvec over a few thousand rows milliseconds on a
+    busy machine. The variable is read at load, so the process starts again with it set."""
+    if "OPENBLAS_NUM_THREADS" not in os.environ:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 if __name__ == "__main__":
+    one_blas_thread()
     raise SystemExit(main())

@@ -1,228 +1,228 @@
 """One GRPO learner step (forward, backward, clip, AdamW) on SmolLM2-135M: memr1 vs TRL's GRPOTrainer.
 
-    python -m memr1.bench.train_step [--quick] --json PATH
+    python -m memr1.bench.train_step [--quick] [--group-sizes 4,8,16] [--steps 5] --json PATH
 
-Both trainers get identical tensors: G groups x 4 completions of (prompt + response) random tokens (the 4
-completions of a group share their prompt, as in GRPO), fixed 0/1 rewards, the same group advantages, the
-same micro-batch size in tokens (MICRO sequences' worth per backward; memr1 counts a shared prompt once),
-activation checkpointing on in both (each trainer's default; --no-activation-checkpointing turns it off in both), token-mean
-loss over the whole batch ("dapo" in TRL), beta 0, lr 1e-6, grad clip 1, fp32, sdpa attention. Each trainer
-runs in its own subprocess so that its peak RSS is its own. TRL's loss path is timed the way its
-trainer runs it: `compute_loss` per micro-batch, `accelerator.backward`, clip, the trainer's optimizer.
+Trainers: `memr1` (Learner.train_step, prompt sharing on: a group's prompt is computed once, in one row
+with all its responses), `memr1_noshare` (the same Learner with share_prefix off: every completion in
+its own row with its own copy of the prompt) and `trl` (TRL 1.16 GRPOTrainer's loss path as its trainer
+runs it: `compute_loss` per micro-batch, `accelerator.backward`, clip, optimizer and scheduler step).
 
-TRL is a bench-only dependency (`pip install --no-deps trl==1.16.0`). Its GRPO module imports pandas and
-datasets (and through them pyarrow) at import time, for logging and dataset handling only; when
-those are missing, the TRL
-worker installs empty stand-in modules for them and the JSON records that in `trl_stubs`.
+The work is the same on every side. A batch of N sequences (G completions per prompt, the group's
+prompt shared) of random tokens, per-sequence advantages from U(-1, 2), and old log-probs (the
+model's own, shifted by seeded noise so that some ratios clip) is saved once and loaded by every
+trainer. Both configurations: fp32, sdpa attention, beta 0, no dropout (the model has none), clip 0.2 both sides
+(memr1's dual clip off: TRL has none), the token mean over the whole step (TRL's "dapo" divides each
+micro-batch's token sum by the step's completion tokens), lr 1e-6, grad clip 1, AdamW with weight
+decay 0, a constant schedule, activation checkpointing on in both (--no-activation-checkpointing
+turns it off in both).
+
+Micro-batching is matched by positions per forward: TRL takes `micro_seqs` sequences per micro-batch,
+i.e. micro_seqs x (prompt + response) positions; memr1's `micro_batch_tokens` is that same number.
+Without sharing memr1's rows are then exactly TRL's micro-batches. With sharing a prompt counts once
+against the budget, so the same budget holds more sequences and the step needs fewer forwards (a group
+is never split: the shapes keep a whole group within the budget). `positions` is what the forwards of
+one step compute, padding included (the shapes avoid padding); `tokens` is the batch's prompt +
+response tokens, the same for every trainer. tokens_per_s = tokens / step_s (the same work done per
+second); positions_per_s = positions / step_s (speed per computed position: memr1_noshare and trl
+compute the same positions). memr1's timer also covers turning Groups into micro-batches; TRL's
+covers only its loss path (its inputs are built while it generates).
+
+Before timing, step 1 of every trainer is compared with TRL's: loss and pre-clip gradient norm must
+agree to a relative 1e-4 (--tol), else the bench stops. Then `--steps` timed steps, alternating the
+trainers round by round (A,B,C then B,C,A ...), each in its own worker process (bench/train_step_worker.py)
+that holds its model between steps; median and min/max of wall and CPU seconds. Memory: `rss_rise_mb`
+is the peak RSS over the steps minus the RSS right after setup; `peak_rss_mb` the whole process's peak.
+
+TRL is a bench-only dependency (`pip install --no-deps trl==1.16.0`); see bench/trl_stubs.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import types
 
 import torch
 
-GROUP = 4
-MICRO = 8  # sequences per micro-batch
+from memr1.bench.train_step_worker import PROTOCOL
+
+TRAINERS = ("memr1", "memr1_noshare", "trl")
+OLD_LOGP_NOISE = 0.1  # std of the shift: about 7% of ratios fall outside [0.8, 1.2]
 
 
 def shapes(quick: bool) -> dict:
-    return dict(groups=2, prompt=64, response=32, steps=2) if quick else dict(groups=8, prompt=256, response=128, steps=2)
+    # Quick: one micro-batch budget of 8 x 64 positions; full: 8 x 384. The largest group size keeps a
+    # whole shared group (prompt + G responses) within the budget, and all widths are multiples of 32.
+    if quick:
+        return dict(seqs=16, prompt=32, response=32, micro_seqs=8, group_sizes=(4, 8))
+    return dict(seqs=32, prompt=256, response=128, micro_seqs=8, group_sizes=(4, 8, 16))
 
 
-def fixed_batch(groups: int, prompt: int, response: int, vocab: int):
-    g = torch.Generator().manual_seed(0)
-    n = groups * GROUP
-    # GRPO: the GROUP completions of one prompt share it.
-    prompts = torch.randint(0, vocab, (groups, prompt), generator=g).repeat_interleave(GROUP, 0)
-    ids = torch.cat([prompts, torch.randint(0, vocab, (n, response), generator=g)], 1)
-    rewards = torch.randint(0, 2, (n,), generator=g).float()
-    rewards[::GROUP] = 1.0 - rewards[1::GROUP]  # no all-equal group: every sequence carries gradient
-    group_ids = torch.arange(n) // GROUP
-    from memr1.kernels import grpo_advantage
-    adv, _ = grpo_advantage(rewards, group_ids, groups, std="unbiased")
-    return ids, adv
+def settings_for(s: dict, group_size: int, checkpointing: bool) -> dict:
+    return dict(seqs=s["seqs"], prompt=s["prompt"], response=s["response"], group_size=group_size,
+                micro_seqs=s["micro_seqs"], micro_batch_tokens=s["micro_seqs"] * (s["prompt"] + s["response"]),
+                pad_bucket=32, lr=1e-6, clip=0.2, grad_clip=1.0, beta=0.0, dtype="float32", attn="sdpa",
+                aggregation="token-mean / dapo", activation_checkpointing=checkpointing,
+                old_logp_noise=OLD_LOGP_NOISE)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def make_batch(lm, settings: dict) -> dict:
+    """Token ids [N, P+R] (each group's prompt repeated in its rows), advantages [N], old log-probs [N, R]."""
+    n, p, r, g = settings["seqs"], settings["prompt"], settings["response"], settings["group_size"]
+    gen = torch.Generator().manual_seed(g)
+    vocab = lm.config.vocab_size
+    prompts = torch.randint(0, vocab, (n // g, p), generator=gen).repeat_interleave(g, 0)
+    ids = torch.cat([prompts, torch.randint(0, vocab, (n, r), generator=gen)], 1)
+    # Given advantages (Group.advantages; TRL's `advantages` input), both signs, not zero-sum per group:
+    # group-normalised ones would make the step-1 loss a near-cancelling sum (~1e-4) whose relative
+    # agreement measures rounding only. The work per step does not depend on their values.
+    adv = torch.rand(n, generator=gen) * 3.0 - 1.0
+    with torch.no_grad():
+        logits = torch.cat([lm(ids[i:i + 4]).logits[:, p - 1:-1] for i in range(0, n, 4)])
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, p:, None])[..., 0]
+    old = logp + OLD_LOGP_NOISE * torch.randn(logp.shape, generator=gen)
+    return {"ids": ids, "adv": adv, "old_logp": old, "settings": settings}
 
 
-def run_memr1(model: str, ids, adv, prompt: int, steps: int, checkpointing: bool):
-    from memr1.engine.learner import Learner, LearnerConfig
-    from memr1.rl.losses import LossConfig
-    from memr1.rl.records import Group, TrainBatch
-    learner = Learner(LearnerConfig(grad_clip=1.0, micro_batch_tokens=MICRO * ids.shape[1],
-                                    loss=LossConfig(aggregation="token-mean"), activation_checkpointing=checkpointing),
-                      model, lr=1e-6)
-    groups = [Group(ids[i][:prompt].tolist(), ids[i:i + GROUP, prompt:].tolist(), None, [0.0] * GROUP,
-                    advantages=adv[i:i + GROUP].tolist()) for i in range(0, len(ids), GROUP)]
-    batch = TrainBatch(groups)
-    times = []
-    for _ in range(steps + 1):  # the first step is warmup
-        t0, c0 = time.perf_counter(), time.process_time()
-        learner.train_step(batch)
-        times.append((time.perf_counter() - t0, time.process_time() - c0))
-    return times[1:]
+class Worker:
+    def __init__(self, trainer: str, batch_path: str, model: str, checkpointing: bool, log_dir: str):
+        self.trainer = trainer
+        self.log = open(os.path.join(log_dir, f"{trainer}.log"), "w+")
+        cmd = [sys.executable, "-m", "memr1.bench.train_step_worker", "--trainer", trainer, "--batch", batch_path,
+               "--model", model] + ([] if checkpointing else ["--no-activation-checkpointing"])
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, env=env)
+        self.ready = self.read()
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(PROTOCOL):
+                return json.loads(line[len(PROTOCOL):])
+        self.log.seek(0)
+        tail = self.log.read()[-3000:]
+        raise RuntimeError(f"{self.trainer} worker exited ({self.proc.wait()}):\n{tail}")
+
+    def ask(self, cmd: str) -> dict:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
-class _Stub(types.ModuleType):
-    """A module whose every attribute is a fresh empty class: enough for imports and isinstance checks."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = type(name, (), {})
-        setattr(self, name, value)
-        return value
+def rel_diff(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
 
 
-def stub_missing_trl_imports() -> list[str]:
-    """Empty stand-ins for modules TRL's GRPO file imports but the timed loss path never uses."""
-    import importlib.machinery
-    import importlib.util
-    stubbed = []
-    for top, subs in (("pandas", ()), ("datasets", ("fingerprint",)), ("pyarrow", ("compute", "types"))):
-        if importlib.util.find_spec(top) is not None:
+def check_agreement(first: dict[str, dict], tol: float, ref: str = "trl") -> dict:
+    """Step-1 loss and grad norm of every trainer against `ref`'s; AssertionError past `tol`."""
+    out = {}
+    for name, res in first.items():
+        if name == ref:
             continue
-        for name in (top, *(f"{top}.{sub}" for sub in subs)):
-            sys.modules[name] = _Stub(name)
-            sys.modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            sys.modules[name].__path__ = []
-            sys.modules[name].__version__ = "0"
-        for sub in subs:
-            setattr(sys.modules[top], sub, sys.modules[f"{top}.{sub}"])
-        stubbed.append(top)
-    return stubbed
+        out[name] = {"loss": res["loss"], "ref_loss": first[ref]["loss"], "grad_norm": res["grad_norm"],
+                     "ref_grad_norm": first[ref]["grad_norm"],
+                     "loss_rel_diff": rel_diff(res["loss"], first[ref]["loss"]),
+                     "grad_norm_rel_diff": rel_diff(res["grad_norm"], first[ref]["grad_norm"])}
+        bad = {k: v for k, v in out[name].items() if k.endswith("rel_diff") and not v <= tol}
+        if bad:
+            raise AssertionError(f"step 1 of {name} disagrees with {ref} beyond {tol}: {out[name]}")
+    return out
 
 
-def prompt_dataset(n: int, stubbed: list[str]):
-    """The trainer wants a dataset of prompts; the timed path never reads it."""
-    import datasets
-    rows = [{"prompt": "x"}] * n
-    if "datasets" not in stubbed:
-        return datasets.Dataset.from_list(rows)
-
-    class Rows(datasets.Dataset):
-        column_names, cache_files = ["prompt"], []
-        __len__ = lambda self: n
-        __getitem__ = lambda self, i: rows[i]
-    return Rows()
+def spread(xs: list[float]) -> list[float]:
+    return [min(xs), max(xs)]
 
 
-def run_trl(model: str, ids, adv, prompt: int, steps: int, checkpointing: bool):
-    stubbed = stub_missing_trl_imports()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-    n = ids.shape[0]
-    accum = n // MICRO
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa")
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), use_cpu=True, bf16=False, fp16=False,
-                      gradient_checkpointing=checkpointing, num_generations=GROUP, per_device_train_batch_size=MICRO,
-                      gradient_accumulation_steps=accum, beta=0.0, loss_type="dapo", learning_rate=1e-6,
-                      max_grad_norm=1.0, max_completion_length=ids.shape[1] - prompt, report_to=[],
-                      lr_scheduler_type="constant", logging_steps=1_000_000)
-    trainer = GRPOTrainer(model=lm, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                          args=args, train_dataset=prompt_dataset(n, stubbed),
-                          processing_class=AutoTokenizer.from_pretrained(model))
-    trainer.create_optimizer_and_scheduler(num_training_steps=steps + 1)
-    if checkpointing:  # Trainer.train() turns this on; the timed path calls the loss directly, so do it here
-        trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = accum
-    num_items = torch.tensor(float(n * (ids.shape[1] - prompt)))
-    micros = []
-    for s in range(0, n, MICRO):
-        p, c = ids[s:s + MICRO, :prompt], ids[s:s + MICRO, prompt:]
-        micros.append({"prompt_ids": p, "prompt_mask": torch.ones_like(p), "completion_ids": c,
-                       "completion_mask": torch.ones_like(c), "advantages": adv[s:s + MICRO],
-                       "num_items_in_batch": num_items})
-    times = []
-    for _ in range(steps + 1):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for inputs in micros:
-            loss = trainer.compute_loss(trainer.model, inputs)
-            trainer.accelerator.backward(loss)
-        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), args.max_grad_norm)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        times.append((time.perf_counter() - t0, time.process_time() - c0))
-    return times[1:], stubbed
-
-
-def worker(args):
-    s = shapes(args.quick)
-    from transformers import AutoConfig
-    vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    ids, adv = fixed_batch(s["groups"], s["prompt"], s["response"], vocab)
-    stubbed = []
-    if args.worker == "memr1":
-        times = run_memr1(args.model, ids, adv, s["prompt"], s["steps"], args.activation_checkpointing)
-    else:
-        times, stubbed = run_trl(args.model, ids, adv, s["prompt"], s["steps"], args.activation_checkpointing)
-    step_s = statistics.median(t for t, _ in times)
-    # CPU seconds of the process per step: on a shared machine this moves far less than wall time.
-    cpu_s = statistics.median(c for _, c in times)
-    row = {"trainer": args.worker, "algo": "grpo", "activation_checkpointing": args.activation_checkpointing,
-           "tokens_per_s": ids.numel() / step_s, "step_s": step_s,
-           "cpu_s": cpu_s, "tokens_per_cpu_s": ids.numel() / cpu_s,
-           "peak_rss_mb": peak_rss_mb(), "sequences": ids.shape[0], "tokens": ids.numel(), "steps_timed": len(times)}
-    with open(args.out, "w") as f:
-        json.dump({"row": row, "trl_stubs": stubbed}, f)
+def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: str) -> tuple[list[dict], dict]:
+    workers = {}
+    try:
+        for t in trainers:  # one at a time: loading in parallel would skew every setup peak
+            workers[t] = Worker(t, path, args.model, args.activation_checkpointing, tmp)
+        first = {t: w.ask("step") for t, w in workers.items()}
+        agreement = check_agreement(first, args.tol) if "trl" in first and args.tol >= 0 else {}
+        times = {t: [] for t in trainers}
+        for i in range(args.steps):
+            order = trainers[i % len(trainers):] + trainers[:i % len(trainers)]
+            for t in order:
+                times[t].append(workers[t].ask("step"))
+        final = {t: w.ask("quit") for t, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+    tokens = settings["seqs"] * (settings["prompt"] + settings["response"])
+    rows = []
+    for t in trainers:
+        ready, wall, cpu = workers[t].ready, [x["wall_s"] for x in times[t]], [x["cpu_s"] for x in times[t]]
+        step_s, cpu_s = statistics.median(wall), statistics.median(cpu)
+        rows.append({"trainer": t, "group_size": settings["group_size"], "tokens_per_s": tokens / step_s,
+                     "positions": ready["positions"], "positions_per_s": ready["positions"] / step_s,
+                     "step_s": step_s, "step_s_spread": spread(wall), "cpu_s": cpu_s, "cpu_s_spread": spread(cpu),
+                     "peak_rss_mb": max(ready["setup_peak_mb"], final[t]["step_peak_mb"]),
+                     "rss_rise_mb": final[t]["step_peak_mb"] - ready["baseline_rss_mb"],
+                     "baseline_rss_mb": ready["baseline_rss_mb"], "peak_reset": ready["peak_reset"],
+                     "tokens": tokens, "sequences": settings["seqs"], "micro_batches": ready["micro_batches"],
+                     "steps_timed": len(wall), "step1_loss": first[t]["loss"], "step1_grad_norm": first[t]["grad_norm"],
+                     "info": ready["info"]})
+    by = {r["trainer"]: r for r in rows}
+    if "trl" in by:  # above 1: faster than TRL on this batch (wall, and CPU seconds)
+        for r in rows:
+            r["speedup_vs_trl"] = by["trl"]["step_s"] / r["step_s"]
+            r["cpu_speedup_vs_trl"] = by["trl"]["cpu_s"] / r["cpu_s"]
+    return rows, agreement
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 groups, 64 + 32 tokens: a smoke run")
+    ap.add_argument("--quick", action="store_true", help="16 sequences of 32 + 32 tokens, group sizes 4, 8")
     ap.add_argument("--json", default=None)
     ap.add_argument("--model", default=None, help="HF checkpoint folder (default: the converted SmolLM2)")
-    ap.add_argument("--trainers", default="memr1,trl")
+    ap.add_argument("--trainers", default=",".join(TRAINERS))
+    ap.add_argument("--group-sizes", default=None, help="comma-separated (default 4,8,16; quick 4,8)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per trainer, after the checked step 1")
+    ap.add_argument("--tol", type=float, default=1e-4, help="relative step-1 agreement with TRL (<0: skip)")
     ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                     help="recompute blocks in backward, in both trainers (the default of both)")
-    ap.add_argument("--worker", choices=["memr1", "trl"], help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        return worker(args)
     if args.model is None:
         from memr1.engine.generation.model import default_model_path
         args.model = str(default_model_path())
-    rows, notes = [], {}
-    for trainer in args.trainers.split(","):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            cmd = [sys.executable, "-m", "memr1.bench.train_step", "--worker", trainer, "--model", args.model,
-                   "--out", out.name] + (["--quick"] if args.quick else []) + \
-                  ([] if args.activation_checkpointing else ["--no-activation-checkpointing"])
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                                       "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_OFFLINE": "1"})
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                notes[f"{trainer}_error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
-                continue
-            result = json.load(open(out.name))
-            rows.append(result["row"])
-            if result["trl_stubs"]:
-                notes["trl_stubs"] = result["trl_stubs"]
-    by = {r["trainer"]: r for r in rows}
-    if "memr1" in by and "trl" in by:
-        notes["ratio_tokens_per_s"] = by["memr1"]["tokens_per_s"] / by["trl"]["tokens_per_s"]
-        notes["ratio_tokens_per_cpu_s"] = by["memr1"]["tokens_per_cpu_s"] / by["trl"]["tokens_per_cpu_s"]
-        notes["ratio_peak_rss"] = by["memr1"]["peak_rss_mb"] / by["trl"]["peak_rss_mb"]
+    s = shapes(args.quick)
+    sizes = [int(x) for x in args.group_sizes.split(",")] if args.group_sizes else list(s["group_sizes"])
+    trainers = args.trainers.split(",")
+    for g in sizes:
+        if s["seqs"] % g or s["prompt"] + g * s["response"] > s["micro_seqs"] * (s["prompt"] + s["response"]):
+            raise SystemExit(f"group size {g}: it must divide {s['seqs']} sequences, and a shared group must fit "
+                             f"one micro-batch budget")
+    settings = {g: settings_for(s, g, args.activation_checkpointing) for g in sizes}
+    rows, agreement = [], {}
+    with tempfile.TemporaryDirectory(prefix="train-step-bench-") as tmp:
+        from transformers import AutoModelForCausalLM
+        lm = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+        for g in sizes:
+            torch.save(make_batch(lm, settings[g]), os.path.join(tmp, f"batch_g{g}.pt"))
+        del lm  # the parent holds no model while the workers run
+        for g in sizes:
+            got, agreement[g] = run_group_size(args, trainers, settings[g], os.path.join(tmp, f"batch_g{g}.pt"), tmp)
+            rows += got
+            for name, a in agreement[g].items():
+                print(f"G={g} step 1 {name} vs trl: loss rel diff {a['loss_rel_diff']:.2e}, "
+                      f"grad norm rel diff {a['grad_norm_rel_diff']:.2e}", flush=True)
     from memr1.bench.common import print_table, write_json
-    if rows:
-        print_table(rows, ["trainer", "algo", "tokens_per_s", "step_s", "cpu_s", "peak_rss_mb", "tokens"])
-    for k, v in notes.items():
-        print(f"{k}: {v}")
+    print_table(rows, ["trainer", "group_size", "tokens_per_s", "positions", "positions_per_s", "step_s", "cpu_s",
+                       "speedup_vs_trl", "cpu_speedup_vs_trl", "peak_rss_mb", "rss_rise_mb"])
     if args.json:
-        write_json(args.json, "train_step", rows, model=args.model, quick=args.quick, **notes)
+        write_json(args.json, "train_step", rows, model=args.model, quick=args.quick, agreement=agreement,
+                   settings={str(g): v for g, v in settings.items()}, tol=args.tol, steps=args.steps)
 
 
 if __name__ == "__main__":

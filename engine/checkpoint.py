@@ -9,6 +9,7 @@ Layout of one checkpoint, a self-contained HF model folder (`from_pretrained`, v
                                     can resume on another world size; critic*.pt likewise for PPO
   rng_rank<R>.pt                    torch / python / numpy (/ cuda) generator states of each rank
   state.json                        the loop's step, weight version, the caller's data cursor
+  manifest.json                     every file's size and SHA-256, written last (checkpoint_files.py)
 Every .pt file holds tensors and plain containers only and is read with `weights_only=True`, so a
 crafted checkpoint cannot run code on resume.
 
@@ -31,6 +32,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+from memr1.engine.checkpoint_files import CheckpointError, best_step, newest_whole, verify, write_manifest
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 FULL_LOAD = StateDictOptions(full_state_dict=True)
 # The fields that make two checkpoints the same network; anything else (dtype, attention) may differ.
@@ -52,13 +55,13 @@ MODEL_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vo
 
 def final_checkpoint(stage_dir) -> Path | None:
     """The checkpoint a stage hands on: the best one by validation (best.json) when the stage
-    validated, else its latest."""
-    best = Path(stage_dir) / "best.json"
-    if best.is_file():
-        path = Path(stage_dir) / "checkpoints" / f"step_{int(json.loads(best.read_text())['step'])}"
-        if (path / "model.safetensors").is_file():
+    validated, else its latest; either only with all its files there."""
+    best = best_step(stage_dir)
+    if best is not None:
+        path = Path(stage_dir) / "checkpoints" / f"step_{best}"
+        if verify(path, checksums=False) is None:
             return path
-    return latest_checkpoint(stage_dir)
+    return newest_whole(stage_dir)
 
 
 def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:
@@ -144,6 +147,7 @@ def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = 
                        "world_size": d.world, "data": data_state}, f)
     d.barrier()
     if d.rank == 0:
+        write_manifest(tmp, step)   # last, so it lists every rank's files
         if os.path.exists(final):  # re-saving the same step: swap, then drop the old copy
             shutil.rmtree(final + ".old", ignore_errors=True)
             os.rename(final, final + ".old")
@@ -151,6 +155,21 @@ def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = 
         shutil.rmtree(final + ".old", ignore_errors=True)
     d.barrier()
     return final
+
+
+def _use_lr(optim, sched, lr: float) -> None:
+    """The stage's configured rate wins over the checkpoint's (a resume allowed to change the lr
+    changes it): the schedule's base rates and the current rates are scaled alike."""
+    base = sched.base_lrs[0] if sched.base_lrs else lr
+    if not base or lr == base:
+        return
+    factor = lr / base
+    sched.base_lrs = [b * factor for b in sched.base_lrs]
+    for group in optim.param_groups:
+        group["lr"] *= factor
+        if "initial_lr" in group:
+            group["initial_lr"] *= factor
+    sched._last_lr = [group["lr"] for group in optim.param_groups]
 
 
 def check_compatible(path: str, hf_config):
@@ -182,6 +201,7 @@ def load(learner, path: str) -> dict:
     osd = _load(os.path.join(path, "optimizer.pt"))
     set_optimizer_state_dict(learner.policy, learner.optim, osd, options=FULL_LOAD)
     learner.sched.load_state_dict(_load(os.path.join(path, "scheduler.pt")))
+    _use_lr(learner.optim, learner.sched, learner.lr)
     if learner.critic is not None:
         if not os.path.exists(os.path.join(path, "critic.pt")):
             raise ValueError(f"checkpoint {path} has no critic.pt: it was not written by a PPO run")
@@ -192,7 +212,9 @@ def load(learner, path: str) -> dict:
     with open(os.path.join(path, "state.json")) as f:
         state = json.load(f)
     rng = os.path.join(path, f"rng_rank{learner.d.rank}.pt")
-    if os.path.exists(rng):  # absent when resuming on more ranks than saved: fresh streams there
+    if os.path.exists(rng):
         _set_rng_state(_load(rng))
+    elif learner.d.rank < int(state.get("world_size", 1)):   # a rank the run never had starts fresh streams
+        raise CheckpointError(f"checkpoint {path} has no rng_rank{learner.d.rank}.pt, which its run wrote")
     learner.step, learner.version = state["learner_step"], state["weight_version"]
     return state

@@ -11,6 +11,7 @@ HANDLERS = {
     ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
     ("train", None): "memr1.engine.train:train_cli",
+    ("report", None): "memr1.engine.report:report_cli",
 }
 
 
@@ -26,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train the manager, then the answer agent, with PPO or GRPO")
     tr.add_argument("--config", help="a TOML file, e.g. configs/default.toml")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint")
+    tr.add_argument("--allow-config-change", metavar="KEY[,KEY...]", action="append",
+                    help="with --resume: config keys (or sections) the overrides may change from the run's config.toml")
     tr.add_argument("--dry-run", action="store_true", help="print the plan and memory estimate, start nothing")
+    tr.add_argument("--profile", action="store_true", help="torch.profiler traces of steps 2 and 3 of each stage "
+                    "(unless profile.steps is set), in RUN_DIR/profile/<stage>/")
     tr.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. loop.max_staleness=1")
 
     ev = sub.add_parser("eval", help="build banks, answer a split, and print the paper's table")
@@ -40,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="val", choices=["train", "val", "test"])
     ev.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. eval.baseline=rag")
 
+    rep = sub.add_parser("report", help="plots, throughput summary and profiler tables of a run or an eval")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="a `memr1 train` run directory or an eval's run_dir")
+    rep.add_argument("--out", help="where report.md, summary.json and the PNGs go (default RUN_DIR/report)")
+
     data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
     synth = data.add_parser("synth", help="write the synthetic multi-session set (LoCoMo format)")
     synth.add_argument("--out", required=True)
@@ -51,11 +60,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# User errors: bad config, data or checkpoint. Any command prints them as one line and exits 2; any
+# other exception is a bug and keeps its traceback.
+USER_ERRORS = {"memr1.engine.config": "ConfigError", "memr1.rl.data.locomo": "DataError",
+               "memr1.engine.checkpoint_files": "CheckpointError"}
+
+
+def user_errors() -> tuple:
+    # Only modules already imported can have raised: no import (and no torch) just to catch.
+    return tuple(getattr(sys.modules[m], name) for m, name in USER_ERRORS.items() if m in sys.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     key = (args.command, getattr(args, "action", None))
     module, func = HANDLERS[key].split(":")
-    return int(getattr(importlib.import_module(module), func)(args) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), func)(args) or 0)
+    except user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def run() -> None:

@@ -9,13 +9,17 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
+from memr1.engine.checkpoint_files import CheckpointConfig
+from memr1.engine.config_errors import validation_message
 from memr1.engine.generation import GeneratorConfig
 from memr1.engine.learner import LearnerConfig
 from memr1.engine.loop import LoopConfig
+from memr1.engine.profiling import ProfileConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
@@ -32,21 +36,21 @@ class ConfigError(ValueError):
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = the built-in synthetic set
-    n: int = 20               # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
+    n: Annotated[int, Meta(ge=1)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
                               # fixed (`memr1 data synth --seed S --out F` writes others, read by path)
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    fsync: str = "close"      # memory_store BankConfig.fsync for banks written to disk
-    hash_dim: int = 256       # vector size when embedder = "hash"
+    fsync: Literal["never", "op", "every_n", "close"] = "close"  # memory_store BankConfig.fsync for banks on disk
+    hash_dim: Annotated[int, Meta(ge=1)] = 256   # vector size when embedder = "hash"
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """How RL stages sample (evaluation and the frozen roles are greedy). Each role's token budget is
     its own `max_new_tokens`, the same as in evaluation."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: Annotated[float, Meta(ge=0)] = 1.0    # 0: greedy
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1)] = -1           # -1: off; 0 is refused in `check`
 
 
 class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,7 +72,7 @@ STAGES = ("manager_warm", "manager", "answer_warm", "answer")
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str = "default"
-    seed: int = 0             # the one run seed: item order, sampling, the learner's RNG (each rank offsets it)
+    seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0   # the one run seed: item order, sampling, the learner's RNG (each rank offsets it)
     run_dir: str = ""         # "" = runs/<name>
     cache_dir: str = ""       # extractions and eval banks; "" = $MEMR1_CACHE/eval, else <run_dir>/cache
     embedder: str = "minilm"  # "minilm" (all-MiniLM-L6-v2, 384-d) | "hash" (tests)
@@ -88,6 +92,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
+    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)   # torch.profiler traces of chosen steps
     eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm" and/or "trained" on eval_split
     eval_split: str = "val"
     # evaluation (memr1 eval, and eval_after)
@@ -114,24 +120,31 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     raw: dict = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory, not a TOML file")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
             raw = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
     check_keys(raw, RunConfig, where)
+    by_key = {}   # dotted key -> the override that set it, so an error blames the override
     for item in overrides or []:
         key, value = parse_override(item)
+        by_key[key] = f"override {item!r}"
+        check_keys(set_dotted({}, key, value, item), RunConfig, by_key[key])
         set_dotted(raw, key, value, item)
     check_keys(raw, RunConfig, f"{where} + overrides")
     try:
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{where}: {e} (paths are written $.section.key)") from None
+        raise ConfigError(validation_message(e, raw, RunConfig, where, by_key)) from None
     except ValueError as e:   # a component config's own check (__post_init__)
         raise ConfigError(f"{where}: {e}") from None
-    check(cfg, where)
+    check(cfg, where, by_key)
     return cfg
 
 
@@ -146,10 +159,12 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         value = text
+    except RecursionError:
+        raise ConfigError(f"override {item!r}: the value is nested too deeply") from None
     return key, value
 
 
-def set_dotted(raw: dict, key: str, value, item: str) -> None:
+def set_dotted(raw: dict, key: str, value, item: str) -> dict:
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -157,6 +172,7 @@ def set_dotted(raw: dict, key: str, value, item: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
     node[parts[-1]] = value
+    return raw
 
 
 def check_keys(raw: dict, struct_type, where: str, prefix: str = "") -> None:
@@ -183,13 +199,17 @@ def _struct_type(tp):
     return tp if isinstance(tp, type) and issubclass(tp, msgspec.Struct) else None
 
 
-def check(cfg: RunConfig, where: str) -> None:
+def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
+    """Checks across fields and of values a Meta range cannot say. `by_key`: key -> the override
+    that set it (named instead of the file)."""
+    at = lambda key: (by_key or {}).get(key, where)   # noqa: E731
     if cfg.embedder not in EMBEDDERS:
-        raise ConfigError(f"{where}: embedder must be one of {EMBEDDERS}, got {cfg.embedder!r}")
+        raise ConfigError(f"{at('embedder')}: embedder must be one of {EMBEDDERS}, got {cfg.embedder!r}")
     if not cfg.name or "/" in cfg.name or "\\" in cfg.name or cfg.name.strip(".") == "":
-        raise ConfigError(f"{where}: name must be a folder name (not empty, no '/', not dots only), got {cfg.name!r}")
-    if cfg.data.n < 1:
-        raise ConfigError(f"{where}: data.n must be >= 1, got {cfg.data.n}")
+        raise ConfigError(f"{at('name')}: name must be a folder name (not empty, no '/', not dots only), "
+                          f"got {cfg.name!r}")
+    if cfg.rollout.top_k == 0:
+        raise ConfigError(f"{at('rollout.top_k')}: rollout.top_k = 0: must be -1 (off) or >= 1")
     unknown = [s for s in cfg.stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use {', '.join(STAGES)}")

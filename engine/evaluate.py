@@ -33,6 +33,8 @@ def eval_cli(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
+    from memr1.engine.report import report_quietly
+    report_quietly(out.parent.parent)   # <run_dir>/eval/<name>.json -> <run_dir>
     return 0
 
 
@@ -126,6 +128,13 @@ def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, gen
               f"fact precision {_pct(o['fact_precision'])}")
     for s in report["skipped"]:
         print(f"skipped {s['sample_id']} ({s['questions']} questions): {s['reason']}")
+    inp = report["input"]
+    if inp.get("empty_speaker_skipped"):
+        print(f"warning: {inp['empty_speaker_skipped']} of {inp['turns']} turns have no speaker and were left out")
+    if inp.get("long_turns_split"):
+        from memr1.rl.rag import MAX_TEXT_BYTES
+        print(f"warning: {inp['long_turns_split']} of {inp['turns']} turns are longer than a memory "
+              f"({MAX_TEXT_BYTES} bytes) and were split into several")
     print(f"wall {report['wall_s']:.1f} s")
     return out
 

@@ -15,9 +15,10 @@ import contextlib
 import math
 import random
 import time
-from typing import Iterator, Literal
+from typing import Annotated, Iterator, Literal
 
 import msgspec
+from msgspec import Meta
 import numpy as np
 import torch
 
@@ -25,9 +26,11 @@ from memr1.engine import dist as dist_utils
 from memr1.engine.advantages import drop_zero_advantage_groups, group_advantages, ppo_token_targets
 from memr1.engine.batching import build_micro, micro_count, split_units, units_of
 from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
+from memr1.engine.throughput import bf16_peak
 from memr1.rl.algos import Critic, GRPOConfig, PPOConfig
 from memr1.rl.losses import Denom, LossConfig, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
+from memr1.rl.spans import span
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -35,21 +38,21 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                        # constant-length token sum (config resolution sets both)
     device: str = "cpu"
     attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa
-    warmup_steps: int = 0              # linear warmup, then constant
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192     # token budget per micro-batch (a shared prompt counts once)
+    warmup_steps: Annotated[int, Meta(ge=0)] = 0       # linear warmup, then constant
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
+    betas: tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]] = (0.9, 0.999)
+    grad_clip: Annotated[float, Meta(gt=0)] = 1.0
+    micro_batch_tokens: Annotated[int, Meta(ge=1)] = 8192  # token budget per micro-batch (a shared prompt counts once)
     # Recompute each decoder block in backward instead of keeping its activations: far less memory
     # (they dominate at RL sequence lengths) for about a third more compute. TRL's default too.
     activation_checkpointing: bool = True
-    train_layers: int = 0              # 0: train every weight; N: only the top N decoder blocks and the final
+    train_layers: Annotated[int, Meta(ge=0)] = 0  # 0: train every weight; N: only the top N decoder blocks and the final
                                        # norm (the rest stay frozen, and backward stops below the lowest trained block)
     layout: Literal["auto", "packed", "rows"] = "auto"  # auto: packed with flash-attn, rows otherwise
     share_prefix: bool = True          # rows layout: one copy of a prompt shared by its group
-    pad_bucket: int = 64               # rows layout: row width rounds up to this
+    pad_bucket: Annotated[int, Meta(ge=1)] = 64   # rows layout: row width rounds up to this
     anchor: Literal["current", "behaviour"] = "current"  # what the PPO ratio is taken against
-    logprob_chunk: int = 1024
+    logprob_chunk: Annotated[int, Meta(ge=1)] = 1024
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
@@ -92,6 +95,13 @@ class Learner:
         if cfg.train_layers:
             freeze_below(lm, cfg.train_layers)
         self.hf_config = lm.config
+        # For MFU (engine/throughput.py): the parameters in GEMMs (all but the input embedding, whose
+        # lookup is no GEMM; a tied lm_head counts), taken before sharding; the GPUs' bf16 peak.
+        head, emb = lm.get_output_embeddings(), lm.get_input_embeddings()
+        tied = head is not None and head.weight is emb.weight
+        self.flops_params = sum(p.numel() for p in lm.parameters()) - (0 if tied else emb.weight.numel())
+        peak = bf16_peak(torch.cuda.get_device_name(dev)) if dev.type == "cuda" else None
+        self.peak_flops = peak * self.d.world if peak else None
         self.policy = dist_utils.shard(PolicyModel(lm, temperature, cfg.logprob_chunk), dist_utils.decoder_layers(lm), self.d)
         self.optim = adamw([p for p in self.policy.parameters() if p.requires_grad], lr, cfg.betas, cfg.weight_decay)
         self.sched = warmup_schedule(self.optim, cfg.warmup_steps)
@@ -146,14 +156,14 @@ class Learner:
         for i, micro in enumerate(micros):
             self._set_sync(i == len(micros) - 1)
             want_entropy = bool(cfg.loss.entropy_coef)
-            with self.compute():
+            with span("learner_forward"), self.compute():
                 out = self.policy(micro, entropy=want_entropy)
             logp, ent = out if want_entropy else (out, None)
             behav = micro.behav_logp
             old = behav if (cfg.anchor == "behaviour" and behav is not None) else logp.detach()
             ref_logp = None
             if self.ref is not None and not cfg.loss.kl_in_reward:
-                with torch.no_grad(), self.compute():
+                with span("learner_forward"), torch.no_grad(), self.compute():
                     ref_logp = self.ref(micro)
             loss, m = policy_loss(logp, old, micro.advantages, micro.seq_ids, micro.num_seqs, denom, cfg.loss,
                                   behav_logp=behav if cfg.anchor == "current" else None, ref_logp=ref_logp,
@@ -162,24 +172,27 @@ class Learner:
             # scale by world so the reduction is a sum. (set_gradient_divide_factor needs PREMUL_SUM,
             # which gloo lacks.) A dummy micro-batch only keeps the collectives in step: weight 0.
             scale = 0.0 if micro.dummy else float(d.world)
-            (loss * scale).backward()
+            with span("learner_backward"):
+                (loss * scale).backward()
             m["loss"] = loss.detach()
             if self.critic is not None:
-                with self.compute():
+                with span("learner_forward"), self.compute():
                     values = self.critic(micro.input_ids, micro.position_ids, micro.attention_mask)
                 values = values.reshape(-1)[micro.index]
                 vloss = value_loss(values, micro.old_values, micro.returns, micro.seq_ids, micro.num_seqs,
                                    denom, cfg.loss)
-                (vloss * scale).backward()
+                with span("learner_backward"):
+                    (vloss * scale).backward()
                 m["value_loss"] = vloss.detach()
             for key, v in m.items():
                 sums[key] = sums.get(key, 0.0) + (0.0 if micro.dummy else v.float())
 
         lr = self.sched.get_last_lr()[0]  # the rate this step used
         actor_frozen = cfg.algo == "ppo" and self.step < cfg.ppo.critic_warmup
-        metrics = {"grad_norm": self._clip_and_step(self.policy, self.optim, self.sched, not actor_frozen)}
-        if self.critic is not None:
-            metrics["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_optim, self.critic_sched)
+        with span("optimizer"):
+            metrics = {"grad_norm": self._clip_and_step(self.policy, self.optim, self.sched, not actor_frozen)}
+            if self.critic is not None:
+                metrics["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_optim, self.critic_sched)
         names = sorted(sums)
         totals = d.all_reduce_sum(torch.stack([torch.as_tensor(sums[key]).float().cpu() for key in names]).to(d.device))
         for key, v in zip(names, totals.tolist()):   # per computed token
@@ -189,7 +202,10 @@ class Learner:
         dt = time.perf_counter() - t0
         metrics.update(weight_version=self.version, lr=lr, positions=int(positions), train_s=dt,
                        positions_per_s=positions / dt, computed_frac=computed / max(tokens, 1.0),
-                       staleness=self.version - 1 - batch.weight_version)
+                       staleness=self.version - 1 - batch.weight_version,
+                       model_flops=6.0 * self.flops_params * positions)
+        if self.peak_flops:
+            metrics["peak_flops"] = self.peak_flops
         return metrics
 
     def _check(self, batch: TrainBatch) -> None:
@@ -227,8 +243,9 @@ class Learner:
         the model ever exists. Every rank must iterate (gathering is a collective)."""
         bucket, size = [], 0
         for name, p in self.policy.lm.named_parameters():  # named_parameters skips tied duplicates
-            t = dist_utils.full_tensor(p.detach())
-            t = t.to(dtype) if dtype is not None else t
+            with span("weight_export"):
+                t = dist_utils.full_tensor(p.detach())
+                t = t.to(dtype) if dtype is not None else t
             bucket.append((name, t))
             size += t.numel() * t.element_size()
             if size >= bucket_bytes:

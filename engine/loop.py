@@ -21,21 +21,25 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Annotated, Any, Callable, Literal, Protocol
 
 import msgspec
+from msgspec import Meta
 
 from memr1.rl.records import Rollout
+from memr1.rl.spans import span
 
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_staleness: int = 0          # 0: synchronous; k: rollouts may run k weight versions ahead
-    sync_every: int = 1             # push weights to the generator every n learner steps
+    max_staleness: Annotated[int, Meta(ge=0)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
+    sync_every: Annotated[int, Meta(ge=1)] = 1      # push weights to the generator every n learner steps
     on_rollout_error: Literal["stop", "skip"] = "stop"
-    max_skipped: int = 8            # with "skip": stop once this many rollouts failed
-    checkpoint_every: int = 0       # 0: only at the end and on SIGINT/SIGTERM
-    validate_every: int = 0         # validate (greedy, on the val split) every n steps and at the end; 0: never
-    weight_bucket_mb: int = 256
+    max_skipped: Annotated[int, Meta(ge=0)] = 8     # with "skip": stop once this many rollouts failed
+    # Also at the end, on SIGINT/SIGTERM and when a rollout error stops the stage; 0: only then. A
+    # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
+    checkpoint_every: Annotated[int, Meta(ge=0)] = 10
+    validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
+    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -83,7 +87,7 @@ class Loop:
                  on_step: Callable[[dict], None] = lambda m: None,
                  save_checkpoint: Callable[[int], None] = lambda step: None,
                  validate: Callable[[int], dict] | None = None,
-                 agree: Callable[[Any, int], Any] = alone):
+                 agree: Callable[[Any, int], Any] = alone, profiler=None):
         if cfg.sync_every < 1 or cfg.max_staleness < 0:
             raise ValueError("loop.sync_every must be >= 1 and loop.max_staleness >= 0")
         if cfg.sleep_while_training and cfg.max_staleness != 0:
@@ -95,10 +99,13 @@ class Loop:
         self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
         self.steps, self.on_step, self.save_checkpoint, self.agree = steps, on_step, save_checkpoint, agree
         self.validate = validate   # step -> val_* metrics, run with the generator holding that step's weights
+        self.profiler = profiler   # engine/profiling.StepProfiler: traces the steps it names; None: no profiling
+        self.sync_bytes = 0        # what the last weight sync moved
         self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
         self.gen_lock = threading.Lock()       # generation and weight loading never overlap
         self.cond = threading.Condition()      # signals a new generator weight version / a stop
         self.stop_requested = False
+        self.stop_signal = None    # the SIGINT/SIGTERM that stopped the run, if one did
         self.stats = {"skipped": 0}  # also sets the producer's capacity (updated under cond)
 
     # ---- producer thread ----
@@ -112,8 +119,10 @@ class Loop:
                                    + (step - start) - max(failed, self.stats["skipped"]) - self.cfg.max_staleness)
                 if self.stop_requested:
                     return
+            if self.profiler is not None:
+                self.profiler.begin(step + 1)
             try:
-                with self.gen_lock:
+                with self.gen_lock, span("rollout"):
                     version = self.generator.weight_version
                     rollout = self.stage.rollout(step, self.generator)
                 rollout.step, rollout.weight_version = step, version
@@ -135,7 +144,7 @@ class Loop:
                                     daemon=True)
         old_handlers = self._install_signal_handlers()
         producer.start()
-        step, last = start_step, {}
+        step, last, saved = start_step, {}, None   # saved: the step last checkpointed here
         try:
             while step < end:
                 t0 = time.perf_counter()
@@ -154,7 +163,8 @@ class Loop:
                                        f"(bound {self.cfg.max_staleness})")
                 sleep_s = self._set_awake(False)
                 t1 = time.perf_counter()
-                train = self.learner.train_step(item.batch)
+                with span("train_step"):
+                    train = self.learner.train_step(item.batch)
                 train_s = time.perf_counter() - t1
                 sleep_s += self._set_awake(True)
                 version += 1
@@ -171,19 +181,34 @@ class Loop:
                 last = {**item.metrics, **train, **val,  # the loop's own keys win over the learner's counters
                         "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
                         "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
-                        "sleep_s": sleep_s,
+                        "sleep_s": sleep_s, "sync_bytes": self.sync_bytes if due else 0,
                         "step_s": time.perf_counter() - t0}
+                if self.profiler is not None:   # after step_s: writing the trace is not the step's time
+                    self.profiler.end(step)
+                    if step in self.profiler.steps:
+                        last["profiled"] = True
                 self.on_step(last)
                 if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
                     self.save_checkpoint(step)
+                    saved = step
+        except RolloutError:
+            # Keep what trained before the failure (the producer touches no learner state, so this is
+            # safe while it winds down); a resume runs the failed step again.
+            if step - 1 > start_step and saved != step - 1:
+                self.save_checkpoint(step - 1)
+            raise
         finally:
             with self.cond:
                 self.stop_requested = True
                 self.cond.notify_all()
             self._drain(producer)
             self._restore_signal_handlers(old_handlers)
-        self.save_checkpoint(step)
-        return {"steps_done": step, "weight_version": version, "last": last, **self.stats}
+            if self.profiler is not None:
+                self.profiler.close()
+        if saved != step:
+            self.save_checkpoint(step)
+        return {"steps_done": step, "weight_version": version, "last": last, "stop_signal": self.stop_signal,
+                **self.stats}
 
     def _next_item(self, producer: threading.Thread, step: int):
         """This rank's rollout of `step`, a RolloutFailure, or None once a stop is requested."""
@@ -197,6 +222,8 @@ class Loop:
         return None
 
     def _handle_failure(self, f: RolloutFailure) -> None:
+        if self.profiler is not None:
+            self.profiler.end(f.step + 1)
         where = "" if f.rank is None else f" on rank {f.rank}"
         if self.cfg.on_rollout_error == "stop" or f.fatal:
             raise RolloutError(f"rollout for step {f.step} failed{where} with {f.what}\n"
@@ -221,13 +248,18 @@ class Loop:
     def _sync(self, version: int) -> tuple[float, float]:
         """(seconds waiting for an in-flight generate call to finish, seconds moving the weights)."""
         t = time.perf_counter()
-        with self.gen_lock:
+        with self.gen_lock, span("weight_sync"):
             t1 = time.perf_counter()
             bucket_bytes = self.cfg.weight_bucket_mb << 20
-            named = (pair for bucket in self.learner.export_weights(bucket_bytes) for pair in bucket)
+            self.sync_bytes = 0
+
+            def named():
+                for bucket in self.learner.export_weights(bucket_bytes):
+                    self.sync_bytes += sum(getattr(tensor, "nbytes", 0) for _, tensor in bucket)
+                    yield from bucket
             # With the manifest the generator checks the whole set up front and then streams the
             # buckets, instead of holding every gathered tensor to check them first.
-            self.generator.update_weights(named, version, manifest=self.learner.weight_manifest())
+            self.generator.update_weights(named(), version, manifest=self.learner.weight_manifest())
             t2 = time.perf_counter()
         with self.cond:
             self.cond.notify_all()
@@ -248,7 +280,7 @@ class Loop:
 
         def handler(signum, frame):
             with self.cond:
-                self.stop_requested = True
+                self.stop_requested, self.stop_signal = True, signum
                 self.cond.notify_all()
         return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 

@@ -1,6 +1,12 @@
 """A run's log: metrics.jsonl (one JSON object per step, every stage), TensorBoard scalars under
-tb/<stage>/, and a progress bar per stage."""
+tb/<stage>/, and a progress bar per stage.
+
+On resume both are cut back to the checkpoints: `truncate_metrics` drops each stage's lines past
+the step it resumes from (steps written after the last checkpoint, e.g. before a kill -9, are trained
+again and would otherwise appear twice), and a stage's TensorBoard writer purges the events past its
+start step."""
 import json
+import os
 from pathlib import Path
 
 from tqdm import tqdm
@@ -13,7 +19,9 @@ class RunLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.file = open(run_dir / "metrics.jsonl", "a")
-        self.tb = SummaryWriter(str(run_dir / "tb" / stage))
+        tb = run_dir / "tb" / stage
+        # Earlier events at steps > start are hidden by TensorBoard once a writer starts at start + 1.
+        self.tb = SummaryWriter(str(tb), purge_step=start + 1 if tb.is_dir() else None)
         self.bar = tqdm(total=total, initial=start, desc=f"train {stage}", unit="step", dynamic_ncols=True)
 
     def __call__(self, m: dict) -> None:
@@ -35,3 +43,26 @@ class RunLog:
         self.bar.close()
         self.tb.close()
         self.file.close()
+
+
+def truncate_metrics(run_dir: Path, keep: dict[str, int]) -> int:
+    """Keep, of each stage named in `keep`, the metrics lines with step <= keep[stage]; other stages'
+    lines stay, and a torn line (a kill mid-write) goes. Returns the number of lines dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        stage, step = (row.get("stage"), row.get("step")) if isinstance(row, dict) else (None, None)
+        if stage not in keep or not isinstance(step, int) or step <= keep[stage]:
+            kept.append(line)
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)

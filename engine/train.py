@@ -13,24 +13,29 @@ stage's frozen answer agent and the answer stage's bank-building manager are con
 Under torchrun every rank rolls out and trains its own share of each step's prompts (see loop.py);
 rank 0 alone writes config, metrics, tb/ and runs the final evaluation.
 A SIGINT/SIGTERM checkpoints the current stage and ends the run there (later stages and the evals
-do not run); `memr1 train --resume RUN_DIR` continues from that point.
+do not run); `memr1 train --resume RUN_DIR` continues from that point, after the checks of resume.py
+(config changes, damaged checkpoints, metrics past the checkpoints).
 """
 import json
+import sys
 import time
 from pathlib import Path
 
 import msgspec
 
 from memr1.engine import dist as dist_utils
-from memr1.engine.checkpoint import final_checkpoint, latest_checkpoint
+from memr1.engine.checkpoint import final_checkpoint
+from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
 from memr1.engine.generation import make_generator
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, alone
 from memr1.engine.plan import plan_text
 from memr1.engine.resolve import Resolved, budget_warnings, resolve, role_of
+from memr1.engine.resume import check_resume_config, resume_points, state_step
 from memr1.engine.runlog import RunLog
 from memr1.rl.agents import GREEDY
+from memr1.rl.data.locomo import DataError
 
 
 def sync_policy(policy, learner, version: int, run: Resolved) -> None:
@@ -98,13 +103,14 @@ def validator(run: Resolved, val_stage, policy, stage_dir: Path, save):
     return validate
 
 
-def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, swap, latest: dict) -> tuple[Path, bool]:
-    """Train one stage (or resume it); returns (the checkpoint it hands on, whether it finished)."""
+def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, swap, latest: dict,
+                ckpt: Path | None = None) -> tuple[Path, bool, int | None]:
+    """Train one stage, or resume it from `ckpt` (a verified checkpoint of it); returns (the
+    checkpoint it hands on, whether it finished, the signal that stopped it)."""
     cfg, s = run.cfg, run.stage(name)
     stage_dir = run.run_dir / name
-    ckpt = latest_checkpoint(stage_dir)
-    if ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] >= s.steps:
-        return final_checkpoint(stage_dir), True
+    if ckpt is not None and state_step(ckpt) >= s.steps:   # done: best.json's, else the one verified
+        return (final_checkpoint(stage_dir) if best_step(stage_dir) is not None else ckpt), True, None
     start_model = latest.get(role_of(name), run.base_model)
     stage = make_stage(run, name, items, embedder, policy.tokenizer, swap, latest)
     learner = Learner(run.learner(name), str(start_model), lr=s.lr, temperature=run.temperature(name), seed=run.seed)
@@ -118,19 +124,40 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
 
     def save(step: int) -> None:
         learner.save_checkpoint(str(stage_dir), step, {"step": step}, model_dir=str(start_model))
+        if run.rank == 0:
+            prune(stage_dir, cfg.checkpoint.keep_last, step)
 
     validate = None
     if cfg.loop.validate_every and not name.endswith("_warm"):
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
                              policy, stage_dir, save)
+    profiler = None
+    if cfg.profile.steps and run.rank == 0:   # rank 0's traces; other ranks run unprofiled
+        from memr1.engine.profiling import StepProfiler
+        profiler = StepProfiler(cfg.profile.steps, run.run_dir / "profile" / name, cuda=learner.d.device.type == "cuda")
     try:
         out = Loop(stage, policy, learner, cfg.loop, s.steps, on_step=log or (lambda m: None), save_checkpoint=save,
-                   validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone).run(start)
+                   validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
+                   profiler=profiler).run(start)
     finally:
         if log is not None:
             log.close()
         del learner
-    return final_checkpoint(stage_dir), out["steps_done"] >= s.steps
+    return final_checkpoint(stage_dir), out["steps_done"] >= s.steps, out["stop_signal"]
+
+
+def check_train_data(cfg: RunConfig) -> None:
+    """Stop a run whose data has nothing to train on, before any engine starts."""
+    from memr1.rl.data import detect_format, load_conversations
+
+    if not cfg.data.path or load_conversations(cfg.data.path, split="train"):
+        return   # the synthetic set always has train conversations (index 0 is one)
+    why = {"longmemeval": "it is a LongMemEval file, an evaluation set (all its items are in split test)",
+           "msc": "it is an MSC-Self-Instruct file, an evaluation set (all its rows are in split test)"}.get(
+        detect_format(cfg.data.path), "none of its conversations is in split train (memr1_split, or conv-26 in "
+                                      "locomo10)")
+    raise DataError(f"data.path={cfg.data.path}: nothing to train on: {why}; evaluate it with "
+                    f"`memr1 eval --split test`")
 
 
 def train(cfg: RunConfig) -> dict:
@@ -145,7 +172,10 @@ def train(cfg: RunConfig) -> dict:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     say = print if rank == 0 else (lambda *a, **k: None)
+    check_train_data(cfg)
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    # Before any engine starts: a run whose checkpoints are all damaged stops here.
+    resume = resume_points(run.run_dir, cfg.stages, rank, say)
     if rank == 0:
         (run.run_dir / "config.toml").write_text(dump_toml(cfg))
     for warning in budget_warnings(cfg):
@@ -160,16 +190,16 @@ def train(cfg: RunConfig) -> dict:
     val_items = RunItems(run, embedder, swap, "val") if cfg.loop.validate_every else None
     say(f"{len(items.convs)} train conversations" + (f", {world} data-parallel ranks" if world > 1 else ""))
     latest: dict[str, Path] = {}   # role -> the checkpoint its newest stage handed on
-    finals, stopped = {}, None
+    finals, stopped, stop_signal = {}, None, None
     try:
         for name in cfg.stages:
             t = time.perf_counter()
-            final, done = train_stage(run, name, items, val_items, embedder, policy, swap, latest)
+            final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, latest, resume[name])
             if final is not None:
                 latest[role_of(name)] = finals[name] = final
             say(f"stage {name}: {time.perf_counter() - t:.0f}s, hands on {final}")
             if not done:
-                stopped = name
+                stopped, stop_signal = name, signum
                 say(f"stopped during stage {name}; `memr1 train --resume {run.run_dir}` continues from its checkpoint")
                 break
     finally:
@@ -181,11 +211,15 @@ def train(cfg: RunConfig) -> dict:
         evals = evaluate_after(run, finals, swap.generator)
     dist_utils.finish()
     return {"run_dir": str(run.run_dir), "checkpoints": {k: str(v) for k, v in finals.items()}, "evals": evals,
-            "stopped": stopped, "rank": rank, "world": world}
+            "stopped": stopped, "stop_signal": stop_signal, "rank": rank, "world": world}
 
 
 def train_cli(args) -> int:
     try:
+        allowed = [k.strip() for item in getattr(args, "allow_config_change", None) or [] for k in item.split(",")
+                   if k.strip()]
+        if allowed and not args.resume:
+            raise ConfigError("--allow-config-change goes with --resume RUN_DIR")
         if args.resume:
             resolved = Path(args.resume) / "config.toml"
             if not resolved.is_file():
@@ -193,12 +227,16 @@ def train_cli(args) -> int:
             if args.config:
                 raise ConfigError("--resume takes the run's own config.toml; drop --config (or start a new run)")
             cfg = load_config(resolved, args.overrides)
-            if not cfg.run_dir:  # the run lives where --resume points, wherever this is started from
-                cfg = msgspec.structs.replace(cfg, run_dir=str(Path(args.resume)))
+            check_resume_config(args.resume, load_config(resolved), cfg, allowed)
+            # The run lives where --resume points, wherever this is started from.
+            cfg = msgspec.structs.replace(cfg, run_dir=str(Path(args.resume).resolve()))
         elif args.config:
             cfg = load_config(args.config, args.overrides)
         else:
             raise ConfigError("memr1 train needs --config FILE or --resume RUN_DIR")
+        if getattr(args, "profile", False) and not cfg.profile.steps:
+            from memr1.engine.profiling import DEFAULT_STEPS, ProfileConfig
+            cfg = msgspec.structs.replace(cfg, profile=ProfileConfig(steps=list(DEFAULT_STEPS)))
         text, fits = plan_text(cfg, dry_run=args.dry_run)
         if args.dry_run:
             print(text)
@@ -207,9 +245,13 @@ def train_cli(args) -> int:
             print(text)
             raise ConfigError("the plan does not fit this machine (see above); nothing was started")
         out = train(cfg)
-    except ConfigError as e:
-        print(f"error: {e}")
+    except (ConfigError, DataError, CheckpointError) as e:   # user errors: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if out["rank"] == 0:
         print(json.dumps(out, indent=2))
-    return 0 if out["stopped"] is None else 3
+        from memr1.engine.report import report_quietly
+        report_quietly(Path(out["run_dir"]))
+    if out["stopped"] is None:
+        return 0
+    return 128 + out["stop_signal"] if out["stop_signal"] else 3   # the shell's code for death by that signal

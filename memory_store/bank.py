@@ -6,7 +6,9 @@ A bank on disk is a folder:
     log-<gen>.oplog        ops applied since that base, one checksummed record each (native)
     LOCK                   held by the one writer
 compact() writes base-<gen+1> and an empty log-<gen+1>, then swaps MANIFEST.json by rename; a crash at
-any point leaves the old or the new generation whole, and the next writer removes the other.
+any point leaves the old or the new generation whole, and the next writer removes the other. Readers
+(mode="r") take a lease on their generation while they open it (storage.py), and copy the log rather
+than map it, so a writer that compacts, closes or deletes an old generation never breaks a reader.
 """
 import os
 from pathlib import Path
@@ -16,12 +18,13 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import BankError, CorruptLog, InvalidInput, ReadOnlyBank, UnknownMemoryId
+from memr1.memory_store.errors import (BankError, BankFormatError, BankIOError, CorruptLog, InvalidInput,
+                                       ReadOnlyBank, UnknownMemoryId)
 from memr1.memory_store.records import (FORMAT, VERSION, Add, AddRecord, BankConfig, Delete, DeleteRecord,
                                         LogRecord, Manifest, Memory, Noop, Update, UpdateRecord)
 from memr1.memory_store.segment import Segment, memory_segment, open_segment
-from memr1.memory_store.storage import (lock, make_config, read_manifest, remove_stale, validate_rows,
-                                        write_generation)
+from memr1.memory_store.storage import (as_path, check_k, leased, lock, make_config, read_manifest, remove_stale,
+                                        validate_rows, write_generation)
 
 _SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}
 _records = msgspec.msgpack.Decoder(LogRecord)
@@ -53,18 +56,21 @@ class MemoryBank:
     def from_arrays(cls, path, vectors: np.ndarray, texts: list[str], speakers: list[str], timestamps: list[str],
                     dim: int | None = None, config: BankConfig | None = None, **overrides) -> "MemoryBank":
         """Bulk-load rows as one base segment (ids 0..n-1), without logging them op by op."""
-        vectors = np.asarray(vectors)
+        try:
+            vectors = np.asarray(vectors)
+        except (ValueError, TypeError) as e:
+            raise InvalidInput(f"vectors must be a float32 array of shape (n, dim): {e}") from None
         if dim is None and config is None and vectors.ndim == 2:
             dim = vectors.shape[1]
         config = make_config(dim, config, overrides)
+        validate_rows(config, vectors, texts, speakers, timestamps)
         if not (len(texts) == len(speakers) == len(timestamps) == len(vectors)):
             raise InvalidInput("vectors, texts, speakers and timestamps must have the same length")
-        validate_rows(config, vectors, texts, speakers)
         memories = [Memory(i, t, s, ts, i, i) for i, (t, s, ts) in enumerate(zip(texts, speakers, timestamps))]
         manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
         if path is None:
             return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
-        path = Path(path)
+        path = as_path(path)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise BankError(f"cannot create a bank at {path}: it already exists and is not an empty folder")
         path.mkdir(parents=True, exist_ok=True)
@@ -76,23 +82,40 @@ class MemoryBank:
         """Open an existing bank. mode "rw" takes the writer lock; "r" reads a snapshot and never writes."""
         if mode not in ("r", "rw"):
             raise InvalidInput(f'mode must be "r" or "rw", got {mode!r}')
-        path = Path(path)
-        manifest = read_manifest(path)
-        config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
-        lock_fd = lock(path) if mode == "rw" else None
-        try:
-            if mode == "rw":
+        if fsync is not None and not (isinstance(fsync, str) and fsync in _SYNC):
+            raise InvalidInput(f"fsync must be None or one of {', '.join(map(repr, _SYNC))}, got {fsync!r}")
+        path = as_path(path)
+        manifest = read_manifest(path)  # before LOCK is created: the folder must be a bank
+        if mode == "rw":
+            lock_fd = lock(path)
+            try:
+                manifest = read_manifest(path)  # a writer that just closed may have compacted meanwhile
                 remove_stale(path, manifest.generation)
-            segment = open_segment(path / f"base-{manifest.generation}", config, manifest.speakers_indexed)
-            log = _core.OpLog(str(path / f"log-{manifest.generation}.oplog"), mode == "rw",
-                              _SYNC[config.fsync], config.fsync_every)
-            bank = cls._assemble(config, segment, manifest, path, log, mode == "r", lock_fd)
-            bank._replay(log)
-            return bank
-        except BaseException:
-            if lock_fd is not None:
+                return cls._load(path, manifest, fsync, lock_fd)
+            except BaseException:
                 os.close(lock_fd)
+                raise
+        with leased(path, manifest) as manifest:
+            return cls._load(path, manifest, fsync, None)
+
+    @classmethod
+    def _load(cls, path: Path, manifest: Manifest, fsync: str | None, lock_fd: int | None) -> "MemoryBank":
+        config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
+        gen, writer = manifest.generation, lock_fd is not None
+        segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
+                               manifest.files if manifest.version >= 2 else None)
+        log = _core.OpLog(str(path / f"log-{gen}.oplog"), writer, _SYNC[config.fsync], config.fsync_every)
+        try:
+            if log.generation != gen:
+                raise BankFormatError(f"{path / f'log-{gen}.oplog'} belongs to generation {log.generation}, not {gen}")
+            bank = cls._assemble(config, segment, manifest, path, log if writer else None, not writer, lock_fd)
+            bank._replay(log)
+        except BaseException:
+            log.close()
             raise
+        if not writer:
+            log.close()  # the snapshot is built; a reader keeps no copy of the log
+        return bank
 
     @classmethod
     def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None):
@@ -141,6 +164,10 @@ class MemoryBank:
         """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
         if self.read_only or self._closed:
             self._refuse_write()
+        try:
+            ops = iter(ops)
+        except TypeError:
+            raise InvalidInput(f"ops must be an iterable of Add, Update, Delete or Noop, got {type(ops).__name__}") from None
         child = MemoryBank(self._core.fork(), self.config, self._segment)
         buffer = _core.BatchBuffer() if self._log is not None else None
         child._log = buffer
@@ -164,6 +191,9 @@ class MemoryBank:
     # ---- reads ----
     def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
+        k = check_k(k)
+        if speaker is not None and not isinstance(speaker, str):
+            raise InvalidInput(f"speaker must be a str or None, got {type(speaker).__name__}")
         rows = None
         if not exact and self._segment.indexes:
             want = int(k * self.config.hnsw_oversample) + self._core.base_dead
@@ -189,6 +219,7 @@ class MemoryBank:
     def items_for_prompt(self, vector: np.ndarray | None = None, k: int | None = None,
                          speaker: str | None = None) -> list[tuple[int, str, str]]:
         """(id, text, timestamp) rows: the top-k for `vector`, or every live memory in id order."""
+        k = None if k is None else check_k(k)
         if vector is None:
             rows = [(m.id, m.text, m.timestamp) for m in self if speaker is None or m.speaker == speaker]
             return rows if k is None else rows[:k]
@@ -210,11 +241,14 @@ class MemoryBank:
         if self.path is None:
             self._segment = memory_segment(vectors, memories, self.config)
         else:
-            manifest = write_generation(self.path, manifest, vectors, memories)
-            self._log.close()
+            manifest = write_generation(self.path, manifest, vectors, memories)  # the bank is unchanged if it raises
+            try:
+                self._log.close()
+            except BankIOError:
+                pass  # the old log's final sync failed, but the new generation already holds every op
             remove_stale(self.path, manifest.generation)
             self._segment = open_segment(self.path / f"base-{manifest.generation}", self.config,
-                                         manifest.speakers_indexed)
+                                         manifest.speakers_indexed, manifest.base_rows, manifest.files)
             self._log = _core.OpLog(str(self.path / f"log-{manifest.generation}.oplog"), True,
                                     _SYNC[self.config.fsync], self.config.fsync_every)
         self._manifest = manifest
@@ -222,7 +256,7 @@ class MemoryBank:
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
-        path = Path(path)
+        path = as_path(path)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise BankError(f"cannot save a bank to {path}: it already exists and is not an empty folder")
         path.mkdir(parents=True, exist_ok=True)
@@ -239,11 +273,15 @@ class MemoryBank:
         if self._closed:
             return
         self._closed = True
-        if self._log is not None:
-            self._log.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        try:
+            if self._log is not None:
+                self._log.close()
+            if self._lock_fd is not None:
+                remove_stale(self.path, self._manifest.generation)  # generations readers held at compaction
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def __enter__(self) -> "MemoryBank":
         return self

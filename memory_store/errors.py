@@ -29,7 +29,21 @@ class BankLocked(BankError):
 
 
 class BankFormatError(BankError):
-    """The path is not a memr1 bank of a version this code reads."""
+    """The path is not a memr1 bank of a version this code reads, or one of its files is damaged."""
+
+
+class BankIOError(BankError, OSError):
+    """The file system refused a read or write (a full disk, permissions, an I/O error). `errno` says
+    which. The op or compaction that raised it changed nothing; retry once the cause is gone."""
+
+    def __init__(self, message: str, errno: int = 0):
+        super().__init__(errno, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):  # OSError's would pass (errno, message) back in the wrong order
+        return type(self), (self.strerror, self.errno)
 
 
 class CorruptLog(BankError):

@@ -1,7 +1,8 @@
 """msgspec types of the bank: what callers pass and get back, the op-log records, the config."""
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 
 class Memory(msgspec.Struct, frozen=True):
@@ -70,35 +71,39 @@ LogRecord = AddRecord | UpdateRecord | DeleteRecord | NoopRecord
 
 
 class BankConfig(msgspec.Struct, frozen=True):
-    """How a bank stores and searches. Saved in its manifest; `open` may override the fsync policy."""
-    dim: int
-    max_text_bytes: int = 4096
+    """How a bank stores and searches. Saved in its manifest; `open` may override the fsync policy.
+    The ranges are checked when a bank is created or opened (storage.make_config, read_manifest)."""
+    dim: Annotated[int, Meta(ge=1, le=65_536)]
+    max_text_bytes: Annotated[int, Meta(ge=1, le=1 << 24)] = 4096
     # "never": page cache only (survives a killed process, not a power loss); "op": fsync every op;
     # "every_n": every `fsync_every` ops; "close": on close and compaction.
     fsync: Literal["never", "op", "every_n", "close"] = "close"
-    fsync_every: int = 64
+    fsync_every: Annotated[int, Meta(ge=1)] = 64
     # Base segments with at least this many rows per speaker get an HNSW index; smaller ones are
     # searched exactly. bench.memory_ops measures where exact search stops being cheaper.
-    hnsw_threshold: int = 4_096  # bench.memory_ops' sweep: HNSW wins from ~4k rows
-    hnsw_connectivity: int = 16
-    hnsw_expansion_add: int = 64
-    hnsw_expansion_search: int = 64
+    hnsw_threshold: Annotated[int, Meta(ge=0)] = 4_096  # bench.memory_ops' sweep: HNSW wins from ~4k rows
+    hnsw_connectivity: Annotated[int, Meta(ge=2, le=1024)] = 16  # usearch refuses 1
+    hnsw_expansion_add: Annotated[int, Meta(ge=1)] = 64
+    hnsw_expansion_search: Annotated[int, Meta(ge=1)] = 64
     # The graph is quantised (i8 builds ~3x faster than f32); its candidates are then re-scored
     # exactly in f32 from the memory-mapped vectors, `hnsw_oversample` x k of them, which restores recall.
     hnsw_dtype: Literal["f32", "f16", "i8"] = "i8"
-    hnsw_oversample: float = 2.0
+    hnsw_oversample: Annotated[float, Meta(ge=1.0, le=1000.0)] = 2.0
 
 
 class Manifest(msgspec.Struct):
     format: str
     version: int
     config: BankConfig
-    generation: int
-    next_id: int
-    lsn: int
-    base_rows: int
+    generation: Annotated[int, Meta(ge=0)]
+    next_id: Annotated[int, Meta(ge=0)]
+    lsn: Annotated[int, Meta(ge=0)]
+    base_rows: Annotated[int, Meta(ge=0)]
     speakers_indexed: list[str] = []
+    # base-<generation>/ file name -> [size, CRC32C], checked at open (version 2; version 1 had none)
+    files: dict[str, tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=0)]]] = {}
 
 
 FORMAT = "memr1-bank"
-VERSION = 1
+VERSION = 2
+READS_VERSIONS = (1, 2)

@@ -2,8 +2,12 @@
 
 On disk a segment is a folder `base-<generation>/` written to a `.tmp` sibling and renamed, so a
 crash never leaves half a segment under the final name. Vectors are memory-mapped; HNSW indexes are
-opened as read-only usearch views (`view=True`), which the bank never writes to.
+opened as read-only usearch views (`view=True`), which the bank never writes to. The manifest records
+each file's size and CRC32C, checked at open: a flipped bit would otherwise be a wrong score, not an error.
+Segment files are never modified or truncated once renamed into place, so a mapping of one is safe
+for as long as it lives, even after the writer deletes the file.
 """
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -12,6 +16,8 @@ import msgspec
 import numpy as np
 from usearch.index import Index
 
+from memr1.memory_store import _core
+from memr1.memory_store.errors import BankFormatError, BankIOError
 from memr1.memory_store.records import BankConfig, Memory
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
@@ -74,37 +80,82 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> list[str]:
-    """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index."""
+def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
+                  config: BankConfig) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index and
+    each file's (size, CRC32C)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    vectors.tofile(tmp / "vectors.f32")
+    with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
+        f.write(vectors.data)
     (tmp / "records.msgpack").write_bytes(msgspec.msgpack.encode(memories))
     indexes = build_indexes(vectors, memories, config)
     speakers = sorted(indexes)
     for i, speaker in enumerate(speakers):
-        indexes[speaker].save(str(tmp / f"hnsw-{i}.usearch"))
+        try:
+            indexes[speaker].save(str(tmp / f"hnsw-{i}.usearch"))
+        except RuntimeError as e:  # usearch reports a failed write (a full disk) this way
+            raise BankIOError(f"cannot write {tmp / f'hnsw-{i}.usearch'}: {e}", errno.EIO) from None
+    files = {f.name: _core.file_crc32c(str(f)) for f in sorted(tmp.iterdir())}
     for f in tmp.iterdir():
         _fsync_path(f)
     _fsync_path(tmp)
     os.replace(tmp, folder)
     _fsync_path(folder.parent)
-    return speakers
+    return speakers, files
 
 
-def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str]) -> Segment:
-    memories = _memories.decode((folder / "records.msgpack").read_bytes())
-    if memories:
-        vectors = np.memmap(folder / "vectors.f32", dtype=np.float32, mode="r", shape=(len(memories), config.dim))
-    else:
-        vectors = np.empty((0, config.dim), np.float32)
-    indexes = {}
-    for i, speaker in enumerate(speakers_indexed):
-        index = Index.restore(str(folder / f"hnsw-{i}.usearch"), view=True)
-        index.expansion_search = config.hnsw_expansion_search
-        indexes[speaker] = index
+def segment_files(speakers_indexed: list[str]) -> list[str]:
+    return ["records.msgpack", "vectors.f32", *(f"hnsw-{i}.usearch" for i in range(len(speakers_indexed)))]
+
+
+def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_indexed: list[str]) -> None:
+    """Every file of the segment is there with the size and CRC32C its manifest recorded."""
+    for name in segment_files(speakers_indexed):
+        if name not in files:
+            raise BankFormatError(f"the manifest of {folder.parent} records no checksum for {folder / name}")
+        want_size, want_crc = files[name]
+        size, crc = _core.file_crc32c(str(folder / name))  # BankFormatError when missing
+        if (size, crc) != (want_size, want_crc):
+            raise BankFormatError(f"{folder / name} is damaged: {size} bytes with CRC32C {crc:#010x}, "
+                                  f"the manifest recorded {want_size} bytes with {want_crc:#010x}")
+
+
+def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
+                 files: dict[str, tuple[int, int]] | None) -> Segment:
+    """Open a committed segment. `files` None: a version-1 bank, whose segments carry no checksums."""
+    if files is not None:
+        verify_segment(folder, files, speakers_indexed)
+    path = folder / "records.msgpack"
+    try:
+        memories = _memories.decode(path.read_bytes())
+        path = folder / "vectors.f32"
+        if len(memories) != base_rows:
+            raise BankFormatError(f"{folder}/records.msgpack holds {len(memories)} rows, the manifest says {base_rows}")
+        size = path.stat().st_size
+        if size != len(memories) * config.dim * 4:
+            raise BankFormatError(f"{path} is {size} bytes; {len(memories)} rows of dim {config.dim} need "
+                                  f"{len(memories) * config.dim * 4}")
+        if memories:
+            vectors = np.memmap(path, dtype=np.float32, mode="r", shape=(len(memories), config.dim))
+        else:
+            vectors = np.empty((0, config.dim), np.float32)
+        indexes = {}
+        for i, speaker in enumerate(speakers_indexed):
+            path = folder / f"hnsw-{i}.usearch"
+            index = Index.restore(str(path), view=True)
+            if index is None or index.ndim != config.dim:
+                raise BankFormatError(f"{path} is not a usearch index of dim {config.dim}")
+            index.expansion_search = config.hnsw_expansion_search
+            indexes[speaker] = index
+    except FileNotFoundError:
+        raise BankFormatError(f"{path} is missing: the bank is damaged") from None
+    except (msgspec.DecodeError, ValueError, RuntimeError) as e:  # msgspec, numpy and usearch on bad bytes
+        raise BankFormatError(f"{path} is damaged: {e}") from None
+    except OSError as e:
+        raise BankIOError(f"cannot read {path}: {e.strerror or e}", e.errno or 0) from None
     return Segment(vectors, memories, indexes)
 
 

@@ -1,20 +1,52 @@
-"""The bank's folder on disk: config validation, generations, the manifest, the writer lock.
+"""The bank's folder on disk: config validation, generations, the manifest, the writer lock, reader leases.
 
 MANIFEST.json is the commit point: a generation (base-<gen>/ + log-<gen>.oplog) exists for readers only
 once the manifest that names it has been renamed into place.
+
+Reader leases. A reader reads the manifest, then opens the files of the generation it names; the
+writer may meanwhile commit a newer generation and delete that one. So a reader holds a shared flock
+on the folder base-<gen>/ while it opens that generation's files, and the writer deletes an old
+generation only under an exclusive, non-blocking flock on the same folder: a generation being opened
+is skipped and deleted by a later remove_stale. Once open, a reader needs no lease: it holds the
+segment files mapped (deleting a file never truncates it) and has copied the log.
 """
 import fcntl
+import operator
 import os
+import re
 import shutil
+import typing
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import BankError, BankFormatError, BankLocked, InvalidInput
-from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest
+from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
+from memr1.memory_store.records import FORMAT, READS_VERSIONS, BankConfig, Manifest
 from memr1.memory_store.segment import write_segment
+
+_FIELD = re.compile(r"at `\$\.(\w+)`")
+_CHOICES = ("fsync", "hnsw_dtype")  # the Literal fields, whose msgspec error does not list the choices
+_OPEN_TRIES = 100  # generations a reader may see replaced under it while opening before it gives up
+
+
+def as_path(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidInput(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    return Path(path)
+
+
+def check_k(k) -> int:
+    """k of a search: an int (not a bool) in [0, 2**31)."""
+    if type(k) is not int:
+        if isinstance(k, bool) or not hasattr(type(k), "__index__"):
+            raise InvalidInput(f"k must be an int in [0, 2**31), got {type(k).__name__} {k!r}")
+        k = operator.index(k)
+    if not 0 <= k < 2**31:
+        raise InvalidInput(f"k must be an int in [0, 2**31), got {k}")
+    return k
 
 
 def make_config(dim, config, overrides) -> BankConfig:
@@ -22,68 +54,129 @@ def make_config(dim, config, overrides) -> BankConfig:
         if dim is None:
             raise InvalidInput("give the vector dim (dim=...) or a BankConfig")
         config = BankConfig(dim=dim)
+    elif not isinstance(config, BankConfig):
+        raise InvalidInput(f"config must be a BankConfig, got {type(config).__name__}")
     elif dim is not None and dim != config.dim:
-        raise InvalidInput(f"dim={dim} disagrees with config.dim={config.dim}")
+        raise InvalidInput(f"dim={dim!r} disagrees with config.dim={config.dim!r}")
+    unknown = sorted(set(overrides) - set(BankConfig.__struct_fields__))
+    if unknown:
+        raise InvalidInput(f"unknown bank setting {unknown[0]!r}; the settings are {', '.join(BankConfig.__struct_fields__)}")
     config = msgspec.structs.replace(config, **overrides) if overrides else config
     try:
-        return msgspec.convert(msgspec.to_builtins(config), BankConfig)  # validates literals and types
+        return msgspec.convert(msgspec.to_builtins(config), BankConfig)  # checks types, literals and ranges
     except msgspec.ValidationError as e:
-        raise InvalidInput(f"bad bank config: {e}") from None
+        field = _FIELD.search(str(e))
+        name = field.group(1) if field else "?"
+        choices = typing.get_args(BankConfig.__annotations__.get(name)) if name in _CHOICES else ()
+        allowed = f"; one of {', '.join(choices)}" if choices else ""
+        raise InvalidInput(f"bad bank config {name}={getattr(config, name, '?')!r}: "
+                           f"{_FIELD.sub('', str(e)).rstrip(' -')}{allowed}") from None
 
 
-def validate_rows(config: BankConfig, vectors: np.ndarray, texts: list[str], speakers: list[str]) -> None:
+def validate_rows(config: BankConfig, vectors: np.ndarray, texts, speakers, timestamps) -> None:
     """The checks an Add makes, vectorised for bulk loads."""
     if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[1] != config.dim:
         raise InvalidInput(f"vectors must be float32 of shape (n, {config.dim}), got {vectors.dtype} {vectors.shape}")
     bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1) | ~(vectors != 0).any(axis=1))
     if len(bad):
         raise InvalidInput(f"vector of row {bad[0]} is non-finite or all zeros")
-    for i, (t, s) in enumerate(zip(texts, speakers)):
-        if not t or len(t.encode()) > config.max_text_bytes or not s:
-            raise InvalidInput(f"row {i}: text must be 1..{config.max_text_bytes} bytes and speaker non-empty")
+    for name, column in (("texts", texts), ("speakers", speakers), ("timestamps", timestamps)):
+        if not isinstance(column, (list, tuple)):
+            raise InvalidInput(f"{name} must be a list of str, got {type(column).__name__}")
+        for i, x in enumerate(column):
+            if type(x) is not str:
+                raise InvalidInput(f"{name}[{i}] must be a str, got {type(x).__name__}")
+            try:
+                n = len(x.encode())
+            except UnicodeEncodeError:
+                raise InvalidInput(f"{name}[{i}] is not encodable as UTF-8 (it holds a lone surrogate)") from None
+            if name == "texts" and not 1 <= n <= config.max_text_bytes:
+                raise InvalidInput(f"texts[{i}] is {n} bytes; a text must be 1..{config.max_text_bytes} "
+                                   f"bytes (BankConfig.max_text_bytes)")
+            if name == "speakers" and not n:
+                raise InvalidInput(f"speakers[{i}] is empty")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
+    """Write base-<gen>/, an empty log-<gen>.oplog and the manifest that commits them. On failure (a
+    full disk) nothing is committed and this call's files are removed, so the bank keeps its old state."""
     gen = manifest.generation
-    speakers = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
-    log = path / f"log-{gen}.oplog"
-    log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
-    _core.OpLog.create(str(log), gen)
-    manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers)
-    tmp = path / "MANIFEST.json.tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.encode(manifest))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / "MANIFEST.json")  # the commit point
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
+    folder, log, tmp = path / f"base-{gen}", path / f"log-{gen}.oplog", path / "MANIFEST.json.tmp"
+    try:
+        speakers, files = write_segment(folder, vectors, memories, manifest.config)
+        log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
+        _core.OpLog.create(str(log), gen)
+        manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files)
+        with open(tmp, "wb") as f:
+            f.write(msgspec.json.encode(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path / "MANIFEST.json")  # the commit point
+    except Exception as e:
+        for leftover in (folder.with_name(folder.name + ".tmp"), folder, log, tmp):
+            _remove(leftover)
+        if not isinstance(e, OSError):  # BankIOError is one
+            raise
+        raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
+                          f"unchanged", e.errno or 0) from None
+    try:
+        _fsync_dir(path)
+    except OSError as e:
+        raise BankIOError(f"bank {path}: cannot sync its folder: {e.strerror}", e.errno or 0) from None
     return manifest
 
 
 def read_manifest(path: Path) -> Manifest:
-    if not path.exists():
-        raise BankError(f"no bank at {path}: the path does not exist")
     file = path / "MANIFEST.json"
-    if not file.is_file():
-        raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json")
     try:
-        raw = msgspec.json.decode(file.read_bytes())
+        if not path.exists():
+            raise BankError(f"no bank at {path}: the path does not exist")
+        if not file.is_file():
+            raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json file")
+        data = file.read_bytes()
+    except OSError as e:
+        raise BankIOError(f"cannot read {file}: {e.strerror}", e.errno or 0) from None
+    try:
+        raw = msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise BankFormatError(f"{file} is not valid JSON: {e}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise BankFormatError(f"{path} is not a memr1 bank (format is {raw.get('format') if isinstance(raw, dict) else raw!r})")
-    if raw.get("version") != VERSION:
-        raise BankFormatError(f"{path} is a memr1 bank of version {raw.get('version')}; this code reads version {VERSION}")
+    if raw.get("version") not in READS_VERSIONS:
+        raise BankFormatError(f"{path} is a memr1 bank of version {raw.get('version')}; this code reads versions "
+                              f"{' and '.join(map(str, READS_VERSIONS))}")
     try:
-        return msgspec.convert(raw, Manifest)
+        manifest = msgspec.convert(raw, Manifest)
     except msgspec.ValidationError as e:
         raise BankFormatError(f"{file} is malformed: {e}") from None
+    if manifest.version >= 2 and not manifest.files:
+        raise BankFormatError(f"{file} is malformed: it records no checksums of its base segment")
+    return manifest
 
 
 def lock(path: Path) -> int:
-    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    file = path / "LOCK"
+    try:
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise BankFormatError(f"{file} is a directory; a bank's LOCK must be a regular file") from None
+    except OSError as e:
+        raise BankIOError(f"cannot open {file}: {e.strerror}", e.errno or 0) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -91,15 +184,80 @@ def lock(path: Path) -> int:
         os.close(fd)
         raise BankLocked(f"bank {path} is already open for writing (by pid {holder}); "
                          f"open it with mode='r' to read alongside") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise BankIOError(f"cannot lock {file}: {e.strerror}", e.errno or 0) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError:
+        pass  # the pid only improves the message another writer gets; a full disk must not stop an open
     return fd
 
 
+def lease(path: Path, generation: int) -> int | None:
+    """A reader's shared lease on a generation (see the module doc), or None when it is gone."""
+    try:
+        fd = os.open(path / f"base-{generation}", os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise BankIOError(f"cannot open {path / f'base-{generation}'}: {e.strerror}", e.errno or 0) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a writer is deleting it
+    except OSError as e:
+        os.close(fd)
+        raise BankIOError(f"cannot lock {path / f'base-{generation}'}: {e.strerror}", e.errno or 0) from None
+    if os.fstat(fd).st_nlink == 0:  # deleted before we got the lease
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextmanager
+def leased(path: Path, manifest: Manifest):
+    """Hold a reader lease on the newest generation while the caller opens it; yields its manifest."""
+    for _ in range(_OPEN_TRIES):
+        held = lease(path, manifest.generation)
+        if held is not None:
+            try:
+                yield manifest
+            finally:
+                os.close(held)
+            return
+        newer = read_manifest(path)
+        if newer.generation == manifest.generation:
+            raise BankFormatError(f"{path / f'base-{manifest.generation}'} is missing or not a folder: the bank is damaged")
+        manifest = newer  # the writer committed a newer generation and deleted this one meanwhile
+    raise BankError(f"bank {path} was compacted {_OPEN_TRIES} times while a reader opened it; try again")
+
+
 def remove_stale(path: Path, generation: int) -> None:
-    """Drop files of other generations: leftovers of a compaction that crashed or just finished."""
+    """Drop files of other generations: leftovers of a compaction that crashed, or generations a
+    compaction replaced. One that a reader is opening is kept, and so is one that cannot be removed
+    now (permissions): a later call (each open, compaction and close of the writer) tries again."""
     keep = {f"base-{generation}", f"log-{generation}.oplog", "MANIFEST.json", "LOCK"}
-    for entry in path.iterdir():
-        if entry.name in keep or not entry.name.startswith(("base-", "log-", "MANIFEST.json.")):
+    leased = set()
+    try:
+        entries = sorted(path.iterdir())  # base-* before log-*
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name in keep or not name.startswith(("base-", "log-", "MANIFEST.json.")):
             continue
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        gen = name.partition("-")[2].split(".", 1)[0]  # "" for MANIFEST.json.tmp
+        try:
+            if name.startswith("base-") and entry.is_dir() and not name.endswith(".tmp"):
+                fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    # both files go under the lock: a reader's lease on base-<gen> covers its log too
+                    (path / f"log-{gen}.oplog").unlink(missing_ok=True)
+                    shutil.rmtree(entry)
+                finally:
+                    os.close(fd)
+            elif not (name.startswith("log-") and gen in leased):
+                _remove(entry)
+        except OSError:  # BlockingIOError: a reader holds its lease
+            leased.add(gen)

@@ -163,7 +163,7 @@ def stream_groups(turns: list, facts: list[list[str]], turns_per_call: int) -> d
     fact-bearing turns of the speaker from one session."""
     groups: dict[str, list[dict]] = {}
     for turn, turn_facts in zip(turns, facts):
-        if not turn_facts:
+        if not turn_facts or not turn.speaker.strip():   # no speaker: no stream to remember it in
             continue
         session = turn.dia_id.split(":")[0]
         mine = groups.setdefault(turn.speaker, [])

@@ -9,6 +9,8 @@ Baselines (`EvalConfig.baseline`):
 - base: the same pipeline on the untrained model (a Mem0-style pipeline); the caller picks the model.
 - oracle: the synthetic oracle's banks, so the answer agent is scored apart from the manager.
 - rag: every raw turn is a memory; retrieve top-k per speaker and answer (LoCoMo's RAG baseline).
+  Turns over a memory's size are split, turns without a speaker left out (rl/rag.py); the report's
+  `input` counts both.
 - full_context: the whole conversation in the prompt; a conversation that does not fit the context
   is skipped with its reason, and its questions are reported as skipped, not scored.
 Every role's completions that hit their token budget are counted (`capped`), per role.
@@ -23,11 +25,11 @@ from memr1.rl.agents import SamplingConfig, hit_cap
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
 from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.memory_store import Add, MemoryBank
 from memr1.rl.banks import facts_for, generate_all, limit_turns, run_manager, safe_name, text_of
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.eval_report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
 from memr1.rl.items import oracle_bank
+from memr1.rl.rag import input_counts, rag_bank
 from memr1.rl.rewards import score_answer
 from memr1.rl.turns import AnswerRequest, answer_prompts
 
@@ -116,7 +118,7 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
     elif cfg.baseline == "oracle":
         banks = {c.sample_id: oracle_bank(None, c, embedder) for c in conversations}
     elif cfg.baseline == "rag":
-        banks = {c.sample_id: rag_bank(c, embedder, cfg.max_turns) for c in conversations}
+        banks = {c.sample_id: rag_bank(c, embedder, limit_turns(c, cfg.max_turns)) for c in conversations}
     else:
         contexts, skipped = full_contexts(conversations, cfg, count_tokens, context_limit, task.answer)
 
@@ -165,22 +167,22 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
         "latency": {k: percentiles(v) for k, v in lat.items()},
         "latency_note": "batched: a prompt's latency is its generate call's wall time / prompts in the call; "
                         "search is per question (both speakers)",
-        "judge": judge_info, "skipped": skipped, "manager": summarize_manager(builds, task.manager),
+        "judge": judge_info, "skipped": skipped, "input": turn_counts(conversations, cfg),
+        "manager": summarize_manager(builds, task.manager),
         "oracle": summarize_oracle(oracle_parts),
         "config": msgspec.to_builtins(cfg), "task": msgspec.to_builtins(task), "wall_s": time.perf_counter() - t_start,
         "answers": records,
     }
 
 
-def rag_bank(conv, embedder, max_turns: int = 0) -> MemoryBank:
-    """The LoCoMo RAG baseline's store: every raw turn is a memory of its speaker, dated by its session."""
-    turns = [t for t in limit_turns(conv, max_turns) if t.text.strip()]
-    bank = MemoryBank.create(None, dim=embedder.dim)
-    if turns:
-        vecs = embedder.embed([f"{t.speaker}: {t.text}" for t in turns])
-        bank.apply_batch([Add(text=f"{t.speaker}: {t.text}", vector=v, speaker=t.speaker, timestamp=t.timestamp)
-                          for t, v in zip(turns, vecs)])
-    return bank
+def turn_counts(conversations, cfg: EvalConfig) -> dict:
+    """The turns read, and those the bank pipelines skip (no speaker) or, for rag, split (too long)."""
+    counts = input_counts([t for c in conversations for t in limit_turns(c, cfg.max_turns)])
+    if cfg.baseline != "rag":
+        counts.pop("long_turns_split")
+    if cfg.baseline in ("oracle", "full_context"):
+        counts.pop("empty_speaker_skipped")
+    return counts
 
 
 def questions_of(conv, cfg: EvalConfig) -> list:

@@ -26,10 +26,12 @@ _FUNCTION_WORDS = {"a", "an", "the", "and", "of", "to", "in", "on", "has", "have
 
 
 def percentiles(values: list[float]) -> dict:
+    """p50 / p95 and every sample (to the microsecond), which `memr1 report` draws as a distribution."""
     if not values:
-        return {"p50_s": None, "p95_s": None, "n": 0}
+        return {"p50_s": None, "p95_s": None, "n": 0, "samples_s": []}
     a = np.asarray(values, dtype=np.float64)
-    return {"p50_s": float(np.percentile(a, 50)), "p95_s": float(np.percentile(a, 95)), "n": len(values)}
+    return {"p50_s": float(np.percentile(a, 50)), "p95_s": float(np.percentile(a, 95)), "n": len(values),
+            "samples_s": [round(float(v), 6) for v in a]}
 
 
 def aggregate(records: list[dict], judged: bool) -> dict:

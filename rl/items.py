@@ -16,9 +16,10 @@ both). Two pipelines build it:
 """
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 from memr1.memory_store import Add, Delete, MemoryBank, Update
 from memr1.rl.banks import stream_groups
@@ -27,10 +28,10 @@ from memr1.rl.data.locomo import QA, Conversation, Session
 
 class ItemsConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     bank_pipeline: Literal["oracle", "manager"] = "manager"  # stage-1 banks (see the module doc)
-    window_turns: int = 50          # "manager": the bank is built from this many preceding turns
+    window_turns: Annotated[int, Meta(ge=0)] = 50   # "manager": the bank is built from this many preceding turns
     answer_banks: Literal["oracle", "manager"] = "manager"   # the answer stage's banks: the synthetic
                                     # oracle's, or built by the run's latest manager (the paper's stage 2)
-    max_questions_per_item: int = 2
+    max_questions_per_item: Annotated[int, Meta(ge=1)] = 2
 
 
 @dataclass

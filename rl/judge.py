@@ -7,8 +7,10 @@ counted as FAILED and reported, never silently scored as right or wrong.
 import json
 import re
 import urllib.request
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.jsonish import extract_json
@@ -69,8 +71,8 @@ class JudgeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     url: str = ""                     # an OpenAI-compatible API base, e.g. http://localhost:8000/v1
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
-    retries: int = 2
-    max_new_tokens: int = 64
+    retries: Annotated[int, Meta(ge=0)] = 2
+    max_new_tokens: Annotated[int, Meta(ge=1)] = 64
 
     def __post_init__(self):
         if self.kind not in ("off", "local", "openai"):

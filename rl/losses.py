@@ -10,9 +10,10 @@ mean, and the shares sum to the same loss however the batch was split.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 import torch
 
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -21,19 +22,19 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-
 
 
 class LossConfig(msgspec.Struct, frozen=True, kw_only=True):
-    clip_low: float = 0.2            # ratio floor is 1 - clip_low
-    clip_high: float = 0.2           # ratio ceiling is 1 + clip_high ("clip-higher" when > clip_low)
-    dual_clip: float = 3.0           # bound on the loss for negative advantages; 0 turns it off
-    log_ratio_clamp: float = 20.0    # keeps exp() finite on wild log-ratios
-    is_cap: float = 2.0              # truncated importance weight behaviour -> old policy; 0 turns it off
+    clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2   # ratio floor is 1 - clip_low
+    clip_high: Annotated[float, Meta(ge=0)] = 0.2        # ratio ceiling is 1 + clip_high ("clip-higher" when > clip_low)
+    dual_clip: Annotated[float, Meta(ge=0)] = 3.0        # bound on the loss for negative advantages; 0 turns it off
+    log_ratio_clamp: Annotated[float, Meta(gt=0)] = 20.0  # keeps exp() finite on wild log-ratios
+    is_cap: Annotated[float, Meta(ge=0)] = 2.0           # truncated importance weight behaviour -> old policy; 0 turns it off
     decoupled: bool = False          # AReaL: clip around the proximal policy, drop tokens with weight > is_cap
-    kl_coef: float = 0.0             # 0 means no reference model is ever loaded
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0   # 0 means no reference model is ever loaded
     kl_estimator: KLEstimator = "k3"
     kl_in_reward: bool = False       # subtract coef * KL from the reward instead of adding it to the loss
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
     aggregation: Aggregation = "token-mean"
-    horizon: int = 0                 # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
-    value_clip: float = 0.2
+    horizon: Annotated[int, Meta(ge=0)] = 0       # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
+    value_clip: Annotated[float, Meta(ge=0)] = 0.2
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:

@@ -10,9 +10,10 @@
 import math
 import re
 from collections import Counter
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 _PUNCT = str.maketrans({".": " ", ",": " ", "!": " ", "?": " "})
 
@@ -101,10 +102,11 @@ def score_answer(prediction: str, gold: str) -> dict[str, float]:
 # ---- training rewards: small functions that return their breakdown (the parts sum to the reward) ----
 class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     kind: Literal["em", "f1", "judge"] = "em"   # what scores an answer; the paper trains on EM
-    format_penalty: float = 1.0        # manager: the completion is not the op JSON
-    invalid_op_penalty: float = 0.0    # manager: per op dropped (unknown id or event, duplicate) or
-                                       # rejected by the bank
-    answer_format_penalty: float = 0.0  # answer agent: no "Answer:" line
+    # Penalties are subtracted, so a negative one would reward the failure.
+    format_penalty: Annotated[float, Meta(ge=0)] = 1.0       # manager: the completion is not the op JSON
+    invalid_op_penalty: Annotated[float, Meta(ge=0)] = 0.0   # manager: per op dropped (unknown id or
+                                                             # event, duplicate) or rejected by the bank
+    answer_format_penalty: Annotated[float, Meta(ge=0)] = 0.0  # answer agent: no "Answer:" line
 
 
 def answer_score(prediction: str, gold: str, kind: str, judge_label: str | None = None) -> float:

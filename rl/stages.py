@@ -9,8 +9,10 @@ parallelism a stage rolls out only its rank's share of each step's items (`items
 """
 import time
 from collections import Counter
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from memr1.rl.agents import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
@@ -18,14 +20,16 @@ from memr1.rl.agents.manager import EVENTS, ManagerConfig
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
+from memr1.rl.spans import span
 from memr1.rl.turns import AnswerRequest, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    steps: int = 4
-    prompts_per_step: int = 128   # prompts per step, as verl's train_batch_size counts them
-    group_size: int = 8           # completions per prompt (GRPO's n; PPO samples 1); warm stages: 1
-    lr: float = 1e-6
+    # Ranges (Meta) are checked when a config is read, so a bad value fails before any engine starts.
+    steps: Annotated[int, Meta(ge=1)] = 4
+    prompts_per_step: Annotated[int, Meta(ge=1)] = 128   # prompts per step, as verl's train_batch_size counts them
+    group_size: Annotated[int, Meta(ge=1)] = 8           # completions per prompt (GRPO's n; PPO samples 1); warm stages: 1
+    lr: Annotated[float, Meta(gt=0)] = 1e-6
 
     def __post_init__(self):
         for name in ("steps", "prompts_per_step", "group_size"):
@@ -58,7 +62,8 @@ def reward_metrics(groups: list[Group]) -> dict:
 def score_answers(texts: list[str], golds: list[str], questions: list[str], cfg: AnswerConfig,
                   reward: RewardConfig, judge) -> tuple[list, list[float]]:
     """Each answer parsed and scored with the reward's kind (the judge labels them all in one pass)."""
-    parsed = [parse_answer(t, cfg) for t in texts]
+    with span("parse"):
+        parsed = [parse_answer(t, cfg) for t in texts]
     labels = [None] * len(texts)
     if reward.kind == "judge":
         if judge is None:
@@ -83,34 +88,43 @@ class ManagerStage:
         turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
                               self.embedder, self.manager)
         sampling = self.rollout_sampling.with_tokens(self.manager.max_new_tokens)
-        completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
+        with span("generate"):
+            completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
 
         # Every completion edits its own fork of its item's bank; a refused or unparsed one leaves it as it was.
-        outcomes = decide([(t, c) for t, group in zip(turns, completions) for c in group], self.embedder, self.manager)
+        with span("parse"):
+            outcomes = decide([(t, c) for t, group in zip(turns, completions) for c in group], self.embedder,
+                              self.manager)
         G = self.cfg.group_size
         forks = []
-        for j, outcome in enumerate(outcomes):
-            forks.append(items[j // G].bank.fork())
-            apply_outcomes(forks[-1], [outcome])
+        t1 = time.perf_counter()
+        with span("fork_apply"):
+            for j, outcome in enumerate(outcomes):
+                forks.append(items[j // G].bank.fork())
+                apply_outcomes(forks[-1], [outcome])
+        t2 = time.perf_counter()
 
         # The frozen Answer Agent answers each item's questions from each fork, in one generate call.
-        requests, owners = [], []
-        for j, fork in enumerate(forks):
-            it = items[j // G]
-            requests += [AnswerRequest(fork, qa.question, it.speakers) for qa in it.questions]
-            owners += [(j, qa.answer) for qa in it.questions]
-        answers = self.frozen.generate(answer_prompts(requests, self.embedder, self.answer), 1,
-                                       GREEDY.with_tokens(self.answer.max_new_tokens)) if requests else []
+        with span("frozen_answers"):
+            requests, owners = [], []
+            for j, fork in enumerate(forks):
+                it = items[j // G]
+                requests += [AnswerRequest(fork, qa.question, it.speakers) for qa in it.questions]
+                owners += [(j, qa.answer) for qa in it.questions]
+            answers = self.frozen.generate(answer_prompts(requests, self.embedder, self.answer), 1,
+                                           GREEDY.with_tokens(self.answer.max_new_tokens)) if requests else []
+        t3 = time.perf_counter()
         texts = [a[0].text for a in answers]
         golds = [g for _, g in owners]
-        parsed, scores = score_answers(texts, golds, [r.question for r in requests], self.answer, self.reward,
-                                       self.judge)
-        per_fork = [[] for _ in forks]
-        for (j, _), s in zip(owners, scores):
-            per_fork[j].append(s)
-        parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward) for j, o in enumerate(outcomes)]
-        groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
+        with span("reward"):
+            parsed, scores = score_answers(texts, golds, [r.question for r in requests], self.answer, self.reward,
+                                           self.judge)
+            per_fork = [[] for _ in forks]
+            for (j, _), s in zip(owners, scores):
+                per_fork[j].append(s)
+            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward) for j, o in enumerate(outcomes)]
+            groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
 
         n = len(outcomes)
         status = Counter(o.status for o in outcomes)
@@ -124,7 +138,11 @@ class ManagerStage:
                    "capped_rate": mean(o.truncated for o in outcomes),
                    "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
                    "frozen_answers": len(answers), "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
-                   "response_tokens": sum(g.response_tokens for g in groups)}
+                   "response_tokens": sum(g.response_tokens for g in groups),
+                   # counters for the throughput summary (engine/throughput.py)
+                   "completions": n, "forks": len(forks), "fork_s": t2 - t1, "frozen_s": t3 - t2,
+                   "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied),
+                   "frozen_tokens": sum(len(a[0].token_ids) for a in answers)}
         return Rollout(TrainBatch(groups, generator.weight_version), metrics)
 
 
@@ -142,21 +160,23 @@ class AnswerStage:
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
         sampling = self.rollout_sampling.with_tokens(self.answer.max_new_tokens)
-        completions = generator.generate(answer_prompts(requests, self.embedder, self.answer), self.cfg.group_size,
-                                         sampling)
+        with span("generate"):
+            completions = generator.generate(answer_prompts(requests, self.embedder, self.answer),
+                                             self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
         flat = [(it, c) for it, group in zip(items, completions) for c in group]
         golds = [it.question.answer for it, _ in flat]
-        parsed, scores = score_answers([c.text for _, c in flat], golds, [it.question.question for it, _ in flat],
-                                       self.answer, self.reward, self.judge)
-        parts = [answer_reward(s, p.has_answer_tag, self.reward) for p, s in zip(parsed, scores)]
-        G = self.cfg.group_size
-        groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
+        with span("reward"):
+            parsed, scores = score_answers([c.text for _, c in flat], golds, [it.question.question for it, _ in flat],
+                                           self.answer, self.reward, self.judge)
+            parts = [answer_reward(s, p.has_answer_tag, self.reward) for p, s in zip(parsed, scores)]
+            G = self.cfg.group_size
+            groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
         metrics = {**reward_metrics(groups),
                    "em_mean": mean(exact_match(p.answer, g) for p, g in zip(parsed, golds)),
                    "f1_mean": mean(f1(p.answer, g) for p, g in zip(parsed, golds)),
                    "parse_failure_rate": mean(not p.has_answer_tag for p in parsed),
                    "capped_rate": mean(hit_cap(c) for _, c in flat),
                    "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
-                   "response_tokens": sum(g.response_tokens for g in groups)}
+                   "response_tokens": sum(g.response_tokens for g in groups), "completions": len(flat)}
         return Rollout(TrainBatch(groups, generator.weight_version), metrics)

@@ -26,6 +26,16 @@ def paired_bootstrap(a, b, resamples: int = RESAMPLES, seed: int = 0, level: flo
             "ci_low": float(lo), "ci_high": float(hi), "resamples": resamples, "seed": seed}
 
 
+def bootstrap_mean(values, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95) -> tuple | None:
+    """(mean, low, high): the mean of `values` and its percentile-bootstrap interval; None when empty."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) == 0:
+        return None
+    means = x[np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(x.mean()), float(lo), float(hi)
+
+
 def paired_bootstrap_ratio(num_a, den_a, num_b, den_b, resamples: int = RESAMPLES, seed: int = 0,
                            level: float = 0.95) -> dict:
     """sum(num_b)/sum(den_b) - sum(num_a)/sum(den_a) over paired units, and its bootstrap interval."""

@@ -101,5 +101,5 @@ class WarmStage:
                         behav_logprobs=None, rewards=[0.0], advantages=[1.0], source=it.source)
                   for p, t, it in zip(prompts, targets, items)]
         metrics = {"gen_s": 0.0, "score_s": time.perf_counter() - t0,
-                   "response_tokens": sum(g.response_tokens for g in groups)}
+                   "response_tokens": sum(g.response_tokens for g in groups), "completions": len(groups)}
         return Rollout(TrainBatch(groups, generator.weight_version), metrics)

@@ -1,5 +1,6 @@
 """A plain Python model of MemoryBank that tests compare the real bank against."""
 import copy
+import random
 
 import numpy as np
 
@@ -67,3 +68,31 @@ def assert_same(bank, model: ModelBank, queries=()) -> None:
             assert len(got) == len(want) and all(i in scores for i in got), (got, want)
             assert all(abs(scores[g] - scores[w]) <= 1e-5 for g, w in zip(got, want)), \
                 f"exact search differs (speaker={speaker}): {got} != {want}"
+
+
+def op_stream(seed: int, n: int, dim: int = 16) -> list:
+    """A deterministic random op stream that is valid when applied in order."""
+    rng = random.Random(seed)
+    vec = np.random.default_rng(seed)
+    model, ops = ModelBank(), []
+    for _ in range(n):
+        live = sorted(model.rows)
+        kind = rng.random()
+        if kind < 0.5 or not live:
+            op = Add(f"fact {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32), rng.choice("AB"), "t")
+        elif kind < 0.7:
+            op = Update(rng.choice(live), f"new {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32))
+        elif kind < 0.85:
+            op = Delete(rng.choice(live))
+        else:
+            op = Noop()
+        model.apply(op)
+        ops.append(op)
+    return ops
+
+
+def model_after(ops, p: int) -> ModelBank:
+    model = ModelBank()
+    for op in ops[:p]:
+        model.apply(op)
+    return model

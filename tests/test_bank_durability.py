@@ -5,41 +5,12 @@ import random
 import signal
 import time
 
-import numpy as np
 import pytest
 
-from bank_model import ModelBank, assert_same
-from memr1.memory_store import Add, CorruptLog, Delete, MemoryBank, Noop, Update
+from bank_model import assert_same, model_after, op_stream
+from memr1.memory_store import CorruptLog, MemoryBank, Noop
 
 DIM = 16
-
-
-def op_stream(seed: int, n: int) -> list:
-    """A deterministic random op stream that is valid when applied in order."""
-    rng = random.Random(seed)
-    vec = np.random.default_rng(seed)
-    model, ops = ModelBank(), []
-    for _ in range(n):
-        live = sorted(model.rows)
-        kind = rng.random()
-        if kind < 0.5 or not live:
-            op = Add(f"fact {rng.random():.6f}", vec.standard_normal(DIM).astype(np.float32), rng.choice("AB"), "t")
-        elif kind < 0.7:
-            op = Update(rng.choice(live), f"new {rng.random():.6f}", vec.standard_normal(DIM).astype(np.float32))
-        elif kind < 0.85:
-            op = Delete(rng.choice(live))
-        else:
-            op = Noop()
-        model.apply(op)
-        ops.append(op)
-    return ops
-
-
-def model_after(ops, p: int) -> ModelBank:
-    model = ModelBank()
-    for op in ops[:p]:
-        model.apply(op)
-    return model
 
 
 def run_child(path: str, ops, fsync: str, ack_fd: int, compact_every: int) -> None:

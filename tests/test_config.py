@@ -44,11 +44,12 @@ def test_overrides_parse_toml_literals_and_fall_back_to_strings(tmp_path):
     ('[generator]\nbackend_x = 1\n', "unknown key 'generator.backend_x'"),
     ('[nonsense]\na = 1\n', "unknown key 'nonsense'"),
     ('eval = 3\n', "'eval' is a section"),
-    ('[generator]\nbatch_size = "many"\n', r"\$\.generator\.batch_size"),
+    ('[generator]\nbatch_size = "many"\n', r"generator\.batch_size = 'many': expected `int`, got `str`"),
     ('[eval]\nbaseline = "nope"\n', "eval.baseline must be one of"),
     ('[manager]\ntop_k = 0\n', "manager.top_k must be >= 1"),
-    ('[stage.answer]\nsteps = 0\n', "steps must be >= 1"),
-    ('[reward]\nkind = "bleu"\n', r"\$\.reward\.kind"),
+    ('[stage.answer]\nsteps = 0\n', "stage.answer.steps = 0: must be >= 1"),
+    ('[reward]\nkind = "bleu"\n', "reward.kind = 'bleu': must be one of 'em', 'f1', 'judge'"),
+    ('a = ' + '[' * 3000 + ']' * 3000 + '\n', "nested too deeply"),
     ('stages = ["answer", "critic"]\n', "unknown stage"),
     ('stages = ["answer_warm"]\n[stage.answer_warm]\ngroup_size = 4\n', "group_size must be 1"),
     ('[reward]\nkind = "judge"\n', "needs judge.kind"),
@@ -69,17 +70,77 @@ def test_bad_files_name_the_problem(tmp_path, text, match):
     ("eval..x=1", "not a dotted key"),
     ("eval.nope=1", "unknown key 'eval.nope'"),
     ("name.sub=1", "is a value, not a section"),
-    ("generator.batch_size=abc", r"\$\.generator\.batch_size"),
-    ("seed=x", r"\$\.seed"),
+    ("generator.batch_size=abc", r"^override 'generator.batch_size=abc': generator.batch_size = 'abc': expected `int`"),
+    ("seed=x", r"^override 'seed=x': seed = 'x'"),
+    ("learner.betas=[0.9, 1.5]", r"^override 'learner.betas=\[0.9, 1.5\]': learner.betas\[1\] = 1.5: must be in \[0, 1\)"),
 ])
 def test_bad_overrides_name_the_problem(item, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, [item])
 
 
-def test_missing_file():
+def test_an_override_is_blamed_for_its_own_error_and_the_file_for_its_own(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[stage.manager]\ngroup_size = 0\n")
+    with pytest.raises(ConfigError, match=r"^\S*c\.toml: stage\.manager\.group_size = 0: must be >= 1$"):
+        load_config(f, ["stage.manager.steps=3"])
+    assert load_config(f, ["stage.manager.group_size=2"]).stage.manager.group_size == 2
+    f.write_text("[stage.manager]\nsteps = 3\n")
+    with pytest.raises(ConfigError, match=r"^override 'stage.manager.steps=x'"):
+        load_config(f, ["stage.manager.steps=x"])
+
+
+# Every range checked at load (so `--dry-run` refuses it before any engine starts): the key, the
+# value given and the allowed range are named.
+BAD_VALUES = [
+    ("stage.manager.group_size", "0", ">= 1"), ("stage.answer.prompts_per_step", "0", ">= 1"),
+    ("stage.answer.prompts_per_step", "-4", ">= 1"), ("stage.manager.steps", "0", ">= 1"),
+    ("stage.answer_warm.steps", "-1", ">= 1"), ("stage.manager.lr", "-1e-5", "> 0"),
+    ("manager.max_new_tokens", "-1", ">= 1"), ("answer.max_new_tokens", "0", ">= 1"),
+    ("extract.max_new_tokens", "0", ">= 1"), ("extract.context_turns", "-1", ">= 0"),
+    ("rollout.temperature", "-0.5", ">= 0"), ("rollout.top_p", "0", "in (0, 1]"), ("rollout.top_p", "1.5", "in (0, 1]"),
+    ("rollout.top_k", "-3", ">= -1"), ("rollout.top_k", "0", "-1 (off) or >= 1"),
+    ("manager.top_k", "-1", ">= 1"), ("manager.top_k", "0", ">= 1"), ("answer.top_k_per_speaker", "0", ">= 1"),
+    ("loop.max_staleness", "-1", ">= 0"), ("loop.sync_every", "0", ">= 1"), ("loop.checkpoint_every", "-1", ">= 0"),
+    ("loop.validate_every", "-2", ">= 0"), ("loop.max_skipped", "-1", ">= 0"), ("loop.weight_bucket_mb", "0", ">= 1"),
+    ("checkpoint.keep_last", "0", ">= 1"), ("generator.max_model_len", "0", ">= 1"), ("generator.batch_size", "0", ">= 1"),
+    ("generator.gpu_memory_utilization", "1.5", "in (0, 1]"), ("generator.sleep_level", "3", "in [1, 2]"),
+    ("learner.warmup_steps", "-1", ">= 0"), ("learner.grad_clip", "0", "> 0"), ("learner.micro_batch_tokens", "0", ">= 1"),
+    ("learner.loss.kl_coef", "-0.1", ">= 0"), ("learner.loss.clip_low", "1.5", "in [0, 1)"),
+    ("learner.ppo.gamma", "1.5", "in [0, 1]"), ("learner.grpo.eps", "0", "> 0"), ("items.max_questions_per_item", "0", ">= 1"),
+    ("judge.retries", "-1", ">= 0"), ("reward.format_penalty", "-1", ">= 0"), ("eval.max_turns", "-1", ">= 0"),
+    ("data.n", "0", ">= 1"), ("bank.hash_dim", "0", ">= 1"), ("bank.fsync", '"bogus"', "one of"), ("seed", "-1", "in [0, "),
+]
+
+
+@pytest.mark.parametrize("key, value, allowed", BAD_VALUES)
+def test_each_bad_value_names_its_key_value_and_range(tmp_path, key, value, allowed):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={value}"])
+    msg = str(e.value)
+    assert key in msg and value.strip('"') in msg and allowed in msg, msg
+    # the same value from a file is refused alike, blaming the file
+    section, _, leaf = key.rpartition(".")
+    f = tmp_path / "c.toml"
+    f.write_text((f"[{section}]\n" if section else "") + f"{leaf} = {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert str(e.value).startswith(str(f)) and key in str(e.value) and allowed in str(e.value)
+
+
+def test_dry_run_refuses_a_bad_value_in_one_line(capsys):
+    from memr1.engine.cli import main
+    assert main(["train", "--dry-run", "--config", str(ROOT / "configs" / "default.toml"),
+                 "stage.manager.group_size=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: override 'stage.manager.group_size=0': stage.manager.group_size = 0: must be >= 1"
+
+
+def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/run.toml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
 
 
 def test_dump_toml_round_trips(tmp_path):

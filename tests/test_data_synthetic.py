@@ -91,14 +91,19 @@ def test_split_and_loader(data):
 
 
 def test_synth_cli_writes_a_loadable_file(tmp_path, capsys):
-    out = tmp_path / "sub" / "synth.json"
+    out = tmp_path / "synth.json"
     assert cli_main(["data", "synth", "--out", str(out), "--conversations", "12", "--seed", "7"]) == 0
     assert "12 conversations" in capsys.readouterr().out
     convs = load_locomo(out)
     assert len(convs) == 12 and convs[0].sample_id == "synth-7-0000"
     assert json.loads(out.read_text()) == synthesize(12, seed=7)
-    with pytest.raises(ValueError, match=">= 1"):
-        synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0))
+    assert synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0)) == 2
+    assert "--conversations must be >= 1" in capsys.readouterr().err
+    # Only the file is created, never a folder for it (a mistyped path is an error).
+    assert cli_main(["data", "synth", "--out", str(tmp_path / "sub" / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "sub").exists()
+    assert cli_main(["data", "synth", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_oracle_on_a_real_memory_bank(data):

@@ -100,9 +100,9 @@ def test_hf_generation_and_update(dry):
     out, _ = dry
     result = load(out, "rollout_hf.json")
     assert result["dtype"] == "bfloat16" and result["hf_device"] == "cpu"
-    gen = [r for r in result["rows"] if "batch" in r]
-    assert sorted(r["batch"] for r in gen) == [1, 8, 32]
-    assert all(r["backend"] == "hf" and r["new_tokens"] == 4 and r["tokens_per_s"] > 0 for r in gen)
+    (gen,) = [r for r in result["rows"] if "prompt_kind" in r]
+    assert (gen["engine"], gen["variant"], gen["prompt_kind"]) == ("hf", "hf_dynamic", "short")
+    assert gen["new_tokens"] == 4 and gen["tokens_per_s"] > 0 and gen["prefill_s"] > 0
     (update,) = [r for r in result["rows"] if "update_ms" in r]
     assert update["update_ms"] > 0 and update["copy_ms"] > 0
 

@@ -58,6 +58,7 @@ class FakeLearner:
 
 def run(k, steps=8, gen_s=0.02, train_s=0.02, **kw):
     gen, stage, learner, metrics, ckpts = FakeGenerator(), FakeStage(gen_s, kw.pop("fail_at", ())), FakeLearner(train_s), [], []
+    kw.setdefault("checkpoint_every", 0)   # checkpoints only where these tests expect them
     loop = Loop(stage, gen, learner, LoopConfig(max_staleness=k, **kw), steps, metrics.append, ckpts.append)
     return loop.run(), gen, stage, learner, metrics, ckpts
 

@@ -41,8 +41,8 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):  # noqa: F811
     head = run(first, range(3))
     path = first.save_checkpoint(str(tmp_path), 3, {"cursor": 3, "epoch": 0})
     assert os.path.basename(path) == "step_3"
-    assert sorted(os.listdir(path)) == ["config.json", "model.safetensors", "optimizer.pt", "rng_rank0.pt",
-                                       "scheduler.pt", "state.json"]
+    assert sorted(os.listdir(path)) == ["config.json", "manifest.json", "model.safetensors", "optimizer.pt",
+                                       "rng_rank0.pt", "scheduler.pt", "state.json"]
     torch.manual_seed(12345)  # disturb every stream the checkpoint is supposed to restore
     random.seed(7)
     np.random.seed(7)

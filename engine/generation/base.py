@@ -1,10 +1,11 @@
 """The one generation interface: configs, the Completion record, the Generator protocol, and the
 input checks every backend shares (so bad input fails the same clear way everywhere)."""
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import torch
+from msgspec import Meta
 
 from memr1.rl.agents import SamplingConfig, chat_prompt_ids  # the one sampling type (rl/ defines it; engine/ is on top)
 
@@ -13,13 +14,13 @@ class GeneratorConfig(msgspec.Struct, kw_only=True):
     backend: str = "auto"  # "vllm" | "hf" | "auto" (vllm when importable)
     model: str = "default"  # "default" = converted SmolLM2-135M-Instruct; else a local HF checkpoint dir
     dtype: str = "auto"  # "auto" keeps the checkpoint's dtype
-    max_model_len: int = 4096  # prompt + new tokens
+    max_model_len: Annotated[int, Meta(ge=1)] = 4096  # prompt + new tokens
     truncate_prompts: bool = False  # keep the last tokens of an over-long prompt instead of raising
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.3
     enforce_eager: bool = True
-    weight_bucket_mb: int = 256
-    batch_size: int = 64  # prompts per generate call when building banks and evaluating
-    sleep_level: int = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them
+    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256
+    batch_size: Annotated[int, Meta(ge=1)] = 64  # prompts per generate call when building banks and evaluating
+    sleep_level: Annotated[int, Meta(ge=1, le=2)] = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them
     cache_dir: str = ""  # vLLM caches and IPC files; "" = $MEMR1_CACHE/vllm
 
 

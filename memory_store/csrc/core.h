@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memr1 {
@@ -25,8 +26,14 @@ struct CorruptLog : std::runtime_error {
   CorruptLog(const std::string& m, uint64_t off) : std::runtime_error(m), offset(off) {}
 };
 struct LogFormat : std::runtime_error { using std::runtime_error::runtime_error; };
+struct IoError : std::runtime_error {  // the file system refused: ENOSPC, EIO, EACCES... (errno in `err`)
+  int err;
+  IoError(int e, const std::string& m) : std::runtime_error(m), err(e) {}
+};
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+// (size, CRC32C) of a whole file, read with pread so a damaged or shrinking file is an error, not a SIGBUS.
+std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path);
 
 // ---- records ----
 struct Record {
@@ -144,6 +151,9 @@ class State {
 };
 
 // ---- the append-only op log (oplog.cpp) ----
+// The writer maps the log and appends through the mapping; readers copy it with pread, because the
+// writer may trim it (close) or a full disk may leave it short, and a mapping read past the end is a
+// SIGBUS. The writer reserves disk blocks (fallocate) before its mapping grows over them.
 class OpLog : public RecordSink {
  public:
   enum Sync { NEVER = 0, EVERY_OP = 1, EVERY_N = 2, ON_CLOSE = 3 };
@@ -162,8 +172,10 @@ class OpLog : public RecordSink {
 
  private:
   void scan();
+  void load_copy();
   void reserve(uint64_t extra);
   void append_frame(const std::string& rec);
+  void sync_or_take_back(uint64_t start);
   std::string path_;
   int fd_ = -1;
   bool writable_;
@@ -172,6 +184,7 @@ class OpLog : public RecordSink {
   uint8_t* map_ = nullptr;
   uint64_t cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0;
   std::vector<std::pair<uint64_t, uint32_t>> records_;  // (payload offset, length) found by scan()
+  std::vector<uint8_t> copy_;                           // a reader's copy of the file; map_ points here
 };
 
 // msgpack encoding of op records, matching the msgspec Structs in records.py (array_like, tagged).

@@ -17,6 +17,36 @@ void raise_as(const char* cls, py::tuple args) {
   PyErr_SetObject(py::type::handle_of(inst).ptr(), inst.ptr());
 }
 
+std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+
+// Strings are taken only from str (not bytes, which pybind11 would accept), as UTF-8.
+std::string as_str(py::handle h, const char* what) {
+  if (!PyUnicode_Check(h.ptr())) throw BadInput(std::string(what) + " must be a str, got " + type_name(h));
+  Py_ssize_t n;
+  const char* s = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+  if (!s) {
+    PyErr_Clear();
+    throw BadInput(std::string(what) + " is not encodable as UTF-8 (it holds a lone surrogate)");
+  }
+  return std::string(s, static_cast<size_t>(n));
+}
+
+// A memory id is an int (or an integer-like object such as numpy.int64), never a bool: Delete(True)
+// must not delete id 1. An int outside int64 is an id that was never added.
+int64_t as_id(py::handle h) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o) || !PyIndex_Check(o))
+    throw BadInput("memory id must be an int in [0, 2**63), got " + type_name(h) + " " + std::string(py::repr(h)));
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow) {
+    raise_as("UnknownMemoryId", py::make_tuple(h));
+    throw py::error_already_set();
+  }
+  return v;
+}
+
 // A vector argument must be a 1-d float32 numpy array of the bank's dim; nothing is converted
 // silently, because a float64 or a wrongly shaped array is almost always a caller bug.
 const float* as_vector(py::handle h, int dim, py::object& hold) {
@@ -99,10 +129,16 @@ PYBIND11_MODULE(_core, m) {
       raise_as("CorruptLog", py::make_tuple(e.what(), e.offset));
     } catch (const LogFormat& e) {
       raise_as("BankFormatError", py::make_tuple(e.what()));
+    } catch (const IoError& e) {
+      raise_as("BankIOError", py::make_tuple(e.what(), e.err));
     }
   });
 
-  m.def("crc32c", [](py::bytes b) { std::string s = b; return crc32c(0, s.data(), s.size()); });
+  m.def("crc32c", [](py::buffer b) {
+    py::buffer_info info = b.request();
+    return crc32c(0, info.ptr, static_cast<size_t>(info.size * info.itemsize));
+  });
+  m.def("file_crc32c", &file_crc32c, py::arg("path"), "(size, CRC32C) of a file");
 
   py::class_<RecordSink>(m, "RecordSink");
   py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
@@ -129,29 +165,39 @@ PYBIND11_MODULE(_core, m) {
   py::class_<State>(m, "State")
       .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
       .def("fork", &State::fork)
-      .def("add", [](State& s, RecordSink* sink, const std::string& text, const std::string& speaker,
-                     const std::string& ts, py::handle vec) {
+      .def("add", [](State& s, RecordSink* sink, py::handle text, py::handle speaker, py::handle ts,
+                     py::handle vec) {
         py::object hold;
-        return s.add(sink, text, speaker, ts, as_vector(vec, s.dim(), hold));
+        std::string t = as_str(text, "text"), sp = as_str(speaker, "speaker"), when = as_str(ts, "timestamp");
+        return s.add(sink, t, sp, when, as_vector(vec, s.dim(), hold));
       })
-      .def("update", [](State& s, RecordSink* sink, int64_t id, const std::string& text, py::object ts,
+      .def("update", [](State& s, RecordSink* sink, py::handle id, py::handle text, py::handle ts,
                         py::handle vec) {
         py::object hold;
+        int64_t i = as_id(id);
+        std::string t = as_str(text, "text");
         const float* v = as_vector(vec, s.dim(), hold);
-        if (ts.is_none()) return s.update(sink, id, text, nullptr, v);
-        std::string t = ts.cast<std::string>();
-        s.update(sink, id, text, &t, v);
+        if (ts.is_none()) return s.update(sink, i, t, nullptr, v);
+        std::string when = as_str(ts, "timestamp");
+        s.update(sink, i, t, &when, v);
       })
-      .def("delete", &State::remove)
+      .def("delete", [](State& s, RecordSink* sink, py::handle id) { s.remove(sink, as_id(id)); })
       .def("noop", &State::noop)
       .def("set_base", [](State& s, py::array vectors, py::list rows, int64_t next_id, int64_t lsn) {
         s.set_base(make_base(vectors, rows, s.dim()), next_id, lsn);
       })
-      .def("get", [](const State& s, int64_t id) -> py::object {
-        const Record* r = s.get(id);
+      .def("get", [](const State& s, py::handle id) -> py::object {
+        const Record* r = s.get(as_id(id));
         return r ? record_tuple(r) : py::none();
       })
-      .def("contains", [](const State& s, int64_t id) { return s.get(id) != nullptr; })
+      .def("contains", [](const State& s, py::handle id) {  // `x in bank` is False for anything not an id
+        PyObject* o = id.ptr();
+        if (PyBool_Check(o) || !PyIndex_Check(o)) return false;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return false; }
+        return !overflow && s.get(v) != nullptr;
+      })
       .def("search", [](const State& s, py::handle q, int k, py::object speaker, py::object rows) {
         py::object hold;
         const float* qv = as_vector(q, s.dim(), hold);

@@ -10,132 +10,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 
 #include "core.h"
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 namespace memr1 {
-
-// ---- CRC32C: SSE4.2 instruction where present, a table otherwise ----
-namespace {
-uint32_t crc_table[256];
-bool init_table() {
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
-    crc_table[i] = c;
-  }
-  return true;
-}
-const bool table_ready = init_table();
-
-uint32_t crc_sw(uint32_t crc, const uint8_t* p, size_t n) {
-  crc = ~crc;
-  while (n--) crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
-  uint64_t c = ~crc;
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    c = _mm_crc32_u64(c, w);
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n--) c32 = _mm_crc32_u8(c32, *p++);
-  return ~c32;
-}
-const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-#endif
-}  // namespace
-
-uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
-#if defined(__x86_64__)
-  if (has_sse42) return crc_hw(crc, static_cast<const uint8_t*>(data), n);
-#endif
-  return crc_sw(crc, static_cast<const uint8_t*>(data), n);
-}
-
-// ---- msgpack, just the subset our records use ----
-namespace {
-void put_be(std::string& o, uint64_t v, int bytes) {
-  for (int i = bytes - 1; i >= 0; --i) o.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void mp_uint(std::string& o, uint64_t v) {
-  if (v < 128) o.push_back(static_cast<char>(v));
-  else if (v <= 0xff) { o.push_back('\xcc'); put_be(o, v, 1); }
-  else if (v <= 0xffff) { o.push_back('\xcd'); put_be(o, v, 2); }
-  else if (v <= 0xffffffffULL) { o.push_back('\xce'); put_be(o, v, 4); }
-  else { o.push_back('\xcf'); put_be(o, v, 8); }
-}
-void mp_str(std::string& o, const std::string& s) {
-  size_t n = s.size();
-  if (n < 32) o.push_back(static_cast<char>(0xa0 | n));
-  else if (n <= 0xff) { o.push_back('\xd9'); put_be(o, n, 1); }
-  else if (n <= 0xffff) { o.push_back('\xda'); put_be(o, n, 2); }
-  else { o.push_back('\xdb'); put_be(o, n, 4); }
-  o.append(s);
-}
-void mp_bin(std::string& o, const void* p, size_t n) {
-  if (n <= 0xff) { o.push_back('\xc4'); put_be(o, n, 1); }
-  else if (n <= 0xffff) { o.push_back('\xc5'); put_be(o, n, 2); }
-  else { o.push_back('\xc6'); put_be(o, n, 4); }
-  o.append(static_cast<const char*>(p), n);
-}
-}  // namespace
-
-// Each record is a tagged array, the msgspec encoding of `array_like=True, tag=...` Structs.
-std::string encode_add(int64_t id, const std::string& text, const std::string& speaker, const std::string& ts,
-                       const float* vec, int dim) {
-  std::string o;
-  o.reserve(32 + text.size() + speaker.size() + ts.size() + 4 * dim);
-  o.push_back('\x96');
-  mp_str(o, "add");
-  mp_uint(o, static_cast<uint64_t>(id));
-  mp_str(o, text);
-  mp_str(o, speaker);
-  mp_str(o, ts);
-  mp_bin(o, vec, sizeof(float) * dim);
-  return o;
-}
-std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim) {
-  std::string o;
-  o.reserve(32 + text.size() + 4 * dim);
-  o.push_back('\x95');
-  mp_str(o, "update");
-  mp_uint(o, static_cast<uint64_t>(id));
-  mp_str(o, text);
-  if (ts) mp_str(o, *ts); else o.push_back('\xc0');
-  mp_bin(o, vec, sizeof(float) * dim);
-  return o;
-}
-std::string encode_delete(int64_t id) {
-  std::string o("\x92", 1);
-  mp_str(o, "delete");
-  mp_uint(o, static_cast<uint64_t>(id));
-  return o;
-}
-std::string encode_noop() {
-  std::string o("\x91", 1);
-  mp_str(o, "noop");
-  return o;
-}
 
 // ---- the log file ----
 namespace {
 constexpr char kMagic[8] = {'M', 'E', 'M', 'R', '1', 'L', 'O', 'G'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeader = 32;
-constexpr uint64_t kGrow = 1 << 20;
+constexpr uint64_t kGrow = 1 << 20;      // reservations are whole MiB...
+constexpr uint64_t kMaxGrow = 64 << 20;  // ...doubling up to 64 MiB at a time
 uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
-std::string os_error(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
+uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+std::string os_error(const std::string& what, const std::string& path, int err) {
+  return what + " " + path + ": " + std::strerror(err);
+}
+std::string bank_of(const std::string& log_path) {
+  auto slash = log_path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : log_path.substr(0, slash);
 }
 // A frame at `off` is valid when its length fits in `size` and its checksum matches.
 bool frame_ok(const uint8_t* m, uint64_t size, uint64_t off, uint32_t* len_out) {
@@ -149,44 +47,124 @@ bool frame_ok(const uint8_t* m, uint64_t size, uint64_t off, uint32_t* len_out) 
   *len_out = len;
   return true;
 }
+int open_file(const std::string& path, int flags, const char* what) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) throw LogFormat(std::string(what) + " " + path + " is missing");
+  if (fd < 0 && errno == EISDIR) throw LogFormat(std::string(what) + " " + path + " is not a regular file");
+  if (fd < 0) throw IoError(errno, os_error(std::string("cannot open ") + what, path, errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw LogFormat(std::string(what) + " " + path + " is not a regular file");
+  }
+  return fd;
+}
+// Up to `want` bytes from offset 0; fewer when the file is shorter by now.
+std::vector<uint8_t> read_all(int fd, uint64_t want, const std::string& path) {
+  std::vector<uint8_t> out(want);
+  uint64_t got = 0;
+  while (got < want) {
+    ssize_t n = ::pread(fd, out.data() + got, want - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(errno, os_error("cannot read", path, errno));
+    if (n == 0) break;
+    got += static_cast<uint64_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
 }  // namespace
 
+std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path) {
+  int fd = open_file(path, O_RDONLY, "segment file");
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  std::vector<uint8_t> buf(1 << 20);
+  for (;;) {
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(size));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) { int e = errno; ::close(fd); throw IoError(e, os_error("cannot read", path, e)); }
+    if (n == 0) break;
+    crc = crc32c(crc, buf.data(), static_cast<size_t>(n));
+    size += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return {size, crc};
+}
+
 void OpLog::create(const std::string& path, uint64_t generation) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) throw std::runtime_error(os_error("cannot create op log", path));
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(errno, os_error("cannot create op log", path, errno));
   uint8_t h[kHeader] = {};
   std::memcpy(h, kMagic, 8);
   std::memcpy(h + 8, &kVersion, 4);
   std::memcpy(h + 16, &generation, 8);
   bool ok = ::write(fd, h, kHeader) == (ssize_t)kHeader && ::fsync(fd) == 0;
+  int err = errno;
   ::close(fd);
-  if (!ok) throw std::runtime_error(os_error("cannot write op log", path));
+  if (!ok) {
+    ::unlink(path.c_str());
+    throw IoError(err, os_error("cannot write op log", path, err));
+  }
 }
 
 OpLog::OpLog(const std::string& path, bool writable, int sync, int64_t sync_every)
     : path_(path), writable_(writable), sync_(sync), sync_every_(sync_every < 1 ? 1 : sync_every) {
-  fd_ = ::open(path.c_str(), writable ? O_RDWR : O_RDONLY);
-  if (fd_ < 0) throw std::runtime_error(os_error("cannot open op log", path));
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) throw std::runtime_error(os_error("cannot stat op log", path));
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < kHeader) { ::close(fd_); fd_ = -1; throw LogFormat("op log " + path + " is shorter than its header"); }
-  cap_ = size;
-  int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* m = ::mmap(nullptr, cap_, prot, MAP_SHARED, fd_, 0);
-  if (m == MAP_FAILED) { ::close(fd_); fd_ = -1; throw std::runtime_error(os_error("cannot map op log", path)); }
-  map_ = static_cast<uint8_t*>(m);
-  uint32_t version;
-  std::memcpy(&version, map_ + 8, 4);
-  if (std::memcmp(map_, kMagic, 8) != 0 || version != kVersion) {
-    close();
-    throw LogFormat("op log " + path + " is not a memr1 op log of version " + std::to_string(kVersion));
+  fd_ = open_file(path, writable ? O_RDWR : O_RDONLY, "op log");
+  try {
+    if (!writable) {
+      // A reader may copy the file while the writer appends: a frame whose header it copied before
+      // the writer stored it, followed by one it copied after, looks like a corrupt middle. A real
+      // corruption is still there on a second copy; a race is not.
+      for (int attempt = 0;; ++attempt) {
+        try { load_copy(); scan(); break; }
+        catch (const CorruptLog&) { if (attempt == 2) throw; }
+      }
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) throw IoError(errno, os_error("cannot stat op log", path, errno));
+    cap_ = static_cast<uint64_t>(st.st_size);
+    if (cap_ < kHeader) throw LogFormat("op log " + path + " is shorter than its header");
+    // Give every byte blocks before touching it: a hole (from an older writer) written through the
+    // mapping would need a block at fault time, and with the disk full that is a SIGBUS.
+    if (int e = ::posix_fallocate(fd_, 0, static_cast<off_t>(cap_)))
+      throw IoError(e, "bank " + bank_of(path) + ": cannot reserve its op log " + path + ": " + std::strerror(e));
+    void* m = ::mmap(nullptr, cap_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (m == MAP_FAILED) throw IoError(errno, os_error("cannot map op log", path, errno));
+    map_ = static_cast<uint8_t*>(m);
+    uint32_t version;
+    std::memcpy(&version, map_ + 8, 4);
+    if (std::memcmp(map_, kMagic, 8) != 0 || version != kVersion)
+      throw LogFormat("op log " + path + " is not a memr1 op log of version " + std::to_string(kVersion));
+    std::memcpy(&generation_, map_ + 16, 8);
+    scan();
+  } catch (...) {
+    if (map_ && writable_) ::munmap(map_, cap_);
+    map_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    throw;
   }
-  std::memcpy(&generation_, map_ + 16, 8);
-  scan();
 }
 
 OpLog::~OpLog() { try { close(); } catch (...) {} }
+
+void OpLog::load_copy() {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) throw IoError(errno, os_error("cannot stat op log", path_, errno));
+  copy_ = read_all(fd_, static_cast<uint64_t>(st.st_size), path_);
+  map_ = copy_.data();
+  cap_ = copy_.size();
+  records_.clear();
+  uint32_t version = 0;
+  if (cap_ >= kHeader) std::memcpy(&version, map_ + 8, 4);
+  if (cap_ < kHeader || std::memcmp(map_, kMagic, 8) != 0 || version != kVersion)
+    throw LogFormat("op log " + path_ + " is not a memr1 op log of version " + std::to_string(kVersion));
+  std::memcpy(&generation_, map_ + 16, 8);
+}
 
 // Walk the frames. The first invalid frame ends the log if nothing valid follows it (a torn tail,
 // which is dropped); if a valid frame follows, the log is corrupt in the middle and we refuse it.
@@ -212,25 +190,35 @@ void OpLog::scan() {
 
 void OpLog::reserve(uint64_t extra) {
   if (end_ + extra <= cap_) return;
-  uint64_t want = std::max(cap_ * 2, end_ + extra + kGrow);
-  want = (want + kGrow - 1) / kGrow * kGrow;
-  if (::ftruncate(fd_, static_cast<off_t>(want)) != 0) throw std::runtime_error(os_error("cannot grow op log", path_));
+  const uint64_t need = round_up(end_ + extra, kGrow);
+  uint64_t want = std::max(need, round_up(cap_ + std::min(std::max(cap_, kGrow), kMaxGrow), kGrow));
+  // Blocks first, then the mapping: on a full disk fallocate fails here, before any byte is written,
+  // whereas a page of a sparse mapping fails only when touched, as a SIGBUS.
+  int e = ::posix_fallocate(fd_, static_cast<off_t>(cap_), static_cast<off_t>(want - cap_));
+  if (e && want > need) {  // a nearly full disk may still hold what this record needs
+    want = need;
+    e = ::posix_fallocate(fd_, static_cast<off_t>(cap_), static_cast<off_t>(want - cap_));
+  }
+  if (e)
+    throw IoError(e, "bank " + bank_of(path_) + ": cannot reserve " + std::to_string(want - cap_) +
+                     " bytes for its op log " + path_ + ": " + std::strerror(e) + "; the op was not applied");
   void* m = ::mremap(map_, cap_, want, MREMAP_MAYMOVE);
-  if (m == MAP_FAILED) throw std::runtime_error(os_error("cannot remap op log", path_));
+  if (m == MAP_FAILED) throw IoError(errno, os_error("cannot remap op log", path_, errno));
   map_ = static_cast<uint8_t*>(m);
   // Fault the new pages in now, so appends don't pay a page fault every few records (the p50 target).
-#ifdef MADV_POPULATE_WRITE
-  if (::madvise(map_ + cap_ / 4096 * 4096, want - cap_ / 4096 * 4096, MADV_POPULATE_WRITE) != 0)
-#endif
-  {
-    for (uint64_t p = cap_; p < want; p += 4096) map_[p] = 0;
-  }
+  const uint64_t old_cap = cap_;
   cap_ = want;
+#ifdef MADV_POPULATE_WRITE
+  const uint64_t from = old_cap / 4096 * 4096;
+  // Populating is only a speed-up (the blocks are reserved either way), so only EINVAL, an older
+  // kernel, falls through to touching the pages by hand.
+  if (::madvise(map_ + from, want - from, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return;
+#endif
+  for (uint64_t p = old_cap; p < want; p += 4096) map_[p] = 0;  // new pages: fallocate made them zeros
 }
 
 void OpLog::append_frame(const std::string& rec) {
   const uint32_t len = static_cast<uint32_t>(rec.size());
-  reserve(8 + pad8(len));
   std::memcpy(map_ + end_ + 8, rec.data(), len);
   uint32_t crc = crc32c(crc32c(0, &len, 4), rec.data(), len);
   uint64_t header = uint64_t(len) | (uint64_t(crc) << 32);
@@ -238,17 +226,35 @@ void OpLog::append_frame(const std::string& rec) {
   end_ += 8 + pad8(len);
 }
 
+// A failed sync takes the new frames back (zeroes them), so the log never holds an op whose apply raised.
+void OpLog::sync_or_take_back(uint64_t start) {
+  try {
+    sync();
+  } catch (...) {
+    std::memset(map_ + start, 0, end_ - start);
+    end_ = start;
+    synced_to_ = std::min(synced_to_, start);
+    throw;
+  }
+}
+
 void OpLog::put(const std::string& rec) {
   if (!writable_ || !map_) throw std::runtime_error("op log " + path_ + " is not open for writing");
+  reserve(8 + pad8(rec.size()));
+  const uint64_t start = end_;
   append_frame(rec);
-  if (sync_ == EVERY_OP || (sync_ == EVERY_N && ++unsynced_ >= sync_every_)) sync();
+  if (sync_ == EVERY_OP || (sync_ == EVERY_N && ++unsynced_ >= sync_every_)) sync_or_take_back(start);
 }
 
 void OpLog::put_batch(const BatchBuffer& b) {
   if (!writable_ || !map_) throw std::runtime_error("op log " + path_ + " is not open for writing");
+  uint64_t total = 0;
+  for (const auto& rec : b.records) total += 8 + pad8(rec.size());
+  reserve(total);  // all of the batch or none of it
+  const uint64_t start = end_;
   for (const auto& rec : b.records) append_frame(rec);
   unsynced_ += static_cast<int64_t>(b.records.size());
-  if (sync_ == EVERY_OP || (sync_ == EVERY_N && unsynced_ >= sync_every_)) sync();
+  if (sync_ == EVERY_OP || (sync_ == EVERY_N && unsynced_ >= sync_every_)) sync_or_take_back(start);
 }
 
 void OpLog::sync() {
@@ -257,25 +263,28 @@ void OpLog::sync() {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t from = synced_to_ / page * page;
   if (end_ > from && ::msync(map_ + from, end_ - from, MS_SYNC) != 0)
-    throw std::runtime_error(os_error("cannot sync op log", path_));
+    throw IoError(errno, "bank " + bank_of(path_) + ": " + os_error("cannot sync op log", path_, errno));
   synced_to_ = end_;
   unsynced_ = 0;
 }
 
+// Unmaps and closes even when the final sync fails; that failure is raised afterwards.
 void OpLog::close() {
   if (!map_) return;
+  std::exception_ptr failed;
   if (writable_) {
-    if (sync_ != NEVER) sync();
+    try { if (sync_ != NEVER) sync(); } catch (...) { failed = std::current_exception(); }
     ::munmap(map_, cap_);
-    map_ = nullptr;
-    // Trim the preallocated zeros so the next open scans only real frames.
+    // Trim the reserved zeros: the next open scans only real frames, and the space goes back. No
+    // reader maps the log (they copy it), so shrinking it cannot fault anyone.
     if (::ftruncate(fd_, static_cast<off_t>(end_)) == 0 && sync_ != NEVER) ::fsync(fd_);
   } else {
-    ::munmap(map_, cap_);
-    map_ = nullptr;
+    std::vector<uint8_t>().swap(copy_);
   }
-  ::close(fd_);
+  map_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace memr1

@@ -288,6 +288,7 @@ struct TopK {  // min-heap of the best k hits
 std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const {
   float qinv;
   validate_vector(q, dim_, &qinv);
+  if (k > live_) k = static_cast<int>(live_);  // no more hits exist; a huge k must not size the heap
   TopK top(k);
   auto consider_base = [&](int64_t row) {
     if (speaker >= 0 && base_->speakers[row] != speaker) return;

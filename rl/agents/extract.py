@@ -4,8 +4,10 @@ It runs before the Memory Manager. The prompt asks for JSON `{"facts": [...]}`; 
 a bare list or, failing JSON, bullet / numbered lines, and never raises on model output.
 """
 import re
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from memr1.rl.agents.jsonish import extract_json
 
@@ -26,10 +28,10 @@ Reply with JSON only: {"facts": ["...", "..."]}"""
 class ExtractConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     source: str = "model"      # model: the base model extracts each turn's facts; oracle: the synthetic
                                # timeline's facts (a perfect extractor; synthetic data only)
-    max_new_tokens: int = 512  # the completion budget of each extraction call
-    context_turns: int = 2     # preceding turns shown for references
-    max_facts: int = 8         # a runaway completion cannot flood the manager
-    max_fact_chars: int = 300
+    max_new_tokens: Annotated[int, Meta(ge=1)] = 512  # the completion budget of each extraction call
+    context_turns: Annotated[int, Meta(ge=0)] = 2     # preceding turns shown for references
+    max_facts: Annotated[int, Meta(ge=1)] = 8         # a runaway completion cannot flood the manager
+    max_fact_chars: Annotated[int, Meta(ge=1)] = 300
 
     def __post_init__(self):
         if self.source not in ("model", "oracle"):

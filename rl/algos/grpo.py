@@ -5,9 +5,10 @@ Dr.GRPO: none). Dr.GRPO also needs a length-independent aggregation, see `dr_grp
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 import torch
 
 from memr1 import kernels
@@ -17,7 +18,7 @@ from memr1.rl.losses import LossConfig
 class GRPOConfig(msgspec.Struct, frozen=True, kw_only=True):
     std: Literal["unbiased", "population", "none"] = "unbiased"
     baseline: Literal["mean", "loo"] = "mean"
-    eps: float = 1e-6
+    eps: Annotated[float, Meta(gt=0)] = 1e-6
 
     def __post_init__(self):
         if self.std not in ("unbiased", "population", "none"):

@@ -5,19 +5,22 @@ scalar head, so the actor and critic can be sharded and stepped independently.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 import torch
+from msgspec import Meta
 from torch import nn
 
 from memr1 import kernels
 
 
 class PPOConfig(msgspec.Struct, frozen=True, kw_only=True):
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     whiten: bool = True     # normalise advantages over the batch
-    critic_lr: float = 1e-5
-    critic_warmup: int = 0  # first steps train only the critic (the actor's update is skipped)
+    critic_lr: Annotated[float, Meta(gt=0)] = 1e-5
+    critic_warmup: Annotated[int, Meta(ge=0)] = 0  # first steps train only the critic (the actor's update is skipped)
 
 
 class Critic(nn.Module):

@@ -3,32 +3,45 @@
 `load_conversations()` is the one entry point: no path gives the built-in synthetic set; a path is read
 as LoCoMo, LongMemEval or MSC-Self-Instruct, told apart by the file's contents.
 """
-import json
 from pathlib import Path
 
-from memr1.rl.data.locomo import Conversation, DataError, load_locomo
+from memr1.rl.data.locomo import Conversation, DataError, load_locomo, parse_json
+
+# The key that marks a record of each format.
+MARKS = {"locomo": "sample_id", "longmemeval": "question_id", "msc": "self_instruct"}
+LAYOUTS = "LoCoMo and LongMemEval files are a JSON list of records, MSC-Self-Instruct one JSON object per line"
 
 
 def detect_format(path) -> str:
-    """"locomo", "longmemeval" or "msc" from the first record of the file."""
+    """"locomo", "longmemeval" or "msc" from the first record of the file; a DataError when it is
+    none of them, or more than one."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: a directory, not a data file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open("rb") as f:
-        head = f.read(1).lstrip() or b""
-    if path.suffix == ".jsonl" or head == b"{":
-        return "msc"
-    try:
-        first = json.loads(path.read_bytes())[0]
-    except (ValueError, IndexError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: expected a non-empty JSON list ({type(e).__name__}: {e})") from None
-    if isinstance(first, dict) and "sample_id" in first:
-        return "locomo"
-    if isinstance(first, dict) and "question_id" in first:
-        return "longmemeval"
-    if isinstance(first, dict) and "self_instruct" in first:
-        return "msc"
-    raise DataError(f"{path}: cannot tell the format (no sample_id, question_id or self_instruct key)")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    head = text.lstrip()[:1]
+    if head == "[":
+        records = parse_json(text, path)
+        if not records:
+            raise DataError(f"{path}: expected a non-empty JSON list; this one is empty")
+        first = records[0]
+    elif head == "{":   # JSON lines: the first line must be a whole record
+        line = next(line for line in text.splitlines() if line.strip())
+        try:
+            first = parse_json(line, path)
+        except DataError:
+            raise DataError(f"{path}: a JSON object that is not one record per line; {LAYOUTS}") from None
+    else:
+        raise DataError(f"{path}: not JSON (starts with {text.lstrip()[:10]!r}); {LAYOUTS}")
+    kinds = [fmt for fmt, key in MARKS.items() if isinstance(first, dict) and key in first]
+    if len(kinds) != 1:
+        what = f"could be {' or '.join(kinds)}" if kinds else f"has none of the keys {', '.join(MARKS.values())}"
+        raise DataError(f"{path}: cannot tell the format: the first record {what}; {LAYOUTS}")
+    if head == "{" and kinds[0] != "msc":
+        raise DataError(f"{path}: {kinds[0]} records must be in a JSON list, not one object per line")
+    return kinds[0]
 
 
 def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None = None) -> list[Conversation]:

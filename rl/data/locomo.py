@@ -64,19 +64,30 @@ def split_of(sample_id: str) -> str:
     return MEMORY_R1_SPLIT.get(sample_id, "test")
 
 
+def of_type(value, typ) -> bool:
+    """isinstance, except that true/false are not numbers (JSON's `true` is no category 1)."""
+    types = typ if isinstance(typ, tuple) else (typ,)
+    return isinstance(value, typ) and (bool in types or not isinstance(value, bool))
+
+
 def _need(obj: dict, key: str, typ, where: str):
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected an object, got {type(obj).__name__}")
     if key not in obj:
         raise DataError(f"{where}: missing key {key!r}")
-    if not isinstance(obj[key], typ):
+    if not of_type(obj[key], typ):
         raise DataError(f"{where}: {key!r} should be {typ}, got {type(obj[key]).__name__}")
     return obj[key]
 
 
-def _session_numbers(conv: dict) -> list[int]:
-    return sorted(int(m.group(1)) for k, v in conv.items()
-                  if (m := re.fullmatch(r"session_(\d+)", k)) and isinstance(v, list))
+def _session_numbers(conv: dict, where: str) -> list[int]:
+    numbers = []
+    for k, v in conv.items():
+        if m := re.fullmatch(r"session_(\d+)", k):
+            if not isinstance(v, list):   # a session in another shape would otherwise vanish unnoticed
+                raise DataError(f"{where}: {k} should be a list of turns, got {type(v).__name__}")
+            numbers.append(int(m.group(1)))
+    return sorted(numbers)
 
 
 def parse_turn(raw: dict, timestamp: str, where: str) -> Turn:
@@ -111,7 +122,7 @@ def parse_conversation(raw: dict, where: str = "conversation") -> Conversation:
     where = f"{where} {sample_id}"
     conv = _need(raw, "conversation", dict, where)
     sessions = []
-    for n in _session_numbers(conv):
+    for n in _session_numbers(conv, where):
         date_time = conv.get(f"session_{n}_date_time", "")
         if not isinstance(date_time, str):
             raise DataError(f"{where}: session_{n}_date_time should be a string")
@@ -147,10 +158,17 @@ def read_json(path) -> object:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    return parse_json(path.read_bytes(), path)
+
+
+def parse_json(data: bytes | str, source) -> object:
+    """JSON text -> a value, or a DataError naming `source` (also for nesting too deep to parse)."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
+        raise DataError(f"{source}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise DataError(f"{source}: not valid JSON (nested too deeply)") from None
 
 
 def load_locomo(path) -> list[Conversation]:

@@ -9,7 +9,7 @@ Evidence is the dia_ids of turns marked `has_answer`. The whole set is an evalua
 """
 from pathlib import Path
 
-from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, read_json
+from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, of_type, read_json
 
 CATEGORY_OF_TYPE = {"single-session-user": 1, "single-session-assistant": 1, "single-session-preference": 1,
                     "knowledge-update": 1, "temporal-reasoning": 2, "multi-session": 3}
@@ -19,7 +19,7 @@ SPEAKERS = {"user": "User", "assistant": "Assistant"}
 def _field(item: dict, key: str, typ, where: str):
     if key not in item:
         raise DataError(f"{where}: missing key {key!r}")
-    if not isinstance(item[key], typ):
+    if not of_type(item[key], typ):
         raise DataError(f"{where}: {key!r} should be {typ}, got {type(item[key]).__name__}")
     return item[key]
 

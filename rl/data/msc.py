@@ -6,10 +6,9 @@ with `dialog`: [{"id": speaker, "text"}] and the gap `time_num` `time_unit`), op
 one Conversation with one QA (category 1, kind "msc-self-instruct"), split "test".
 MSC gives no calendar dates, so a session's `date_time` states its position and recorded gap.
 """
-import json
 from pathlib import Path
 
-from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn
+from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, parse_json
 
 SPEAKERS = ("Speaker 1", "Speaker 2")
 
@@ -54,16 +53,8 @@ def load_msc(path) -> list[Conversation]:
         raise DataError(f"{path}: no such file")
     text = path.read_text(encoding="utf-8", errors="replace")
     if text.lstrip().startswith("["):
-        try:
-            rows = list(enumerate(json.loads(text), start=1))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON ({e})") from None
+        rows = list(enumerate(parse_json(text, path), start=1))
     else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append((n, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path} line {n}: not valid JSON ({e})") from None
+        rows = [(n, parse_json(line, f"{path} line {n}"))
+                for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     return [parse_row(row, k, f"{path} row {line}") for k, (line, row) in enumerate(rows)]

@@ -16,6 +16,7 @@ Conversation i depends only on (seed, i), so `synthesize(5)` is a prefix of `syn
 import datetime as dt
 import json
 import random
+import sys
 from pathlib import Path
 
 from memr1.rl.data import synth_text as T
@@ -242,9 +243,15 @@ def apply_oracle(timeline: list[dict]) -> dict[str, str]:
 
 def synth_cli(args) -> int:
     """`memr1 data synth --out PATH [--conversations N --seed S]`."""
-    data = synthesize(args.conversations, args.seed)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # Only the file is created: a mistyped folder is an error, not a new directory tree.
+    problem = ("is a directory" if out.is_dir() else
+               f"its folder {out.parent} does not exist" if not out.parent.is_dir() else None)
+    if problem or args.conversations < 1:
+        print(f"error: --out {out}: {problem}" if problem else
+              f"error: --conversations must be >= 1, got {args.conversations}", file=sys.stderr)
+        return 2
+    data = synthesize(args.conversations, args.seed)
     out.write_text(json.dumps(data, indent=1))
     n_turns = sum(len(v) for c in data for k, v in c["conversation"].items() if isinstance(v, list))
     n_qa = sum(len(c["qa"]) for c in data)

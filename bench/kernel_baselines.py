@@ -1,0 +1,142 @@
+"""What bench.kernels compares memr1's kernels with: the baselines a competent user would write, each
+from the method it names (no code copied), and the float64 references the errors are taken against."""
+from __future__ import annotations
+
+import torch
+
+EPS = 1e-6
+
+
+# ----------------------------------------------------------------------------- GRPO advantages
+def verl_vectorised(scores, gid, num_groups: int, eps: float = EPS):
+    """verl's vectorised GRPO advantages (compute_grpo_vectorized_outcome_advantage over its
+    group_mean_std): per-group count, sum and sum of squares by index_add_, the unbiased variance as
+    (sum2 - sum^2 / count) / (count - 1) floored at eps, a singleton group taking mean 0 and std 1, then
+    (r - mean) / (std + eps). Two changes, both in its favour: the group count is passed in rather than
+    read from gid.max() (a host sync), and singletons go through torch.where rather than a synced `if`,
+    so that torch.compile sees a single graph."""
+    r = scores.float()
+    cnt = r.new_zeros(num_groups).index_add_(0, gid, torch.ones_like(r))
+    s1 = r.new_zeros(num_groups).index_add_(0, gid, r)
+    s2 = r.new_zeros(num_groups).index_add_(0, gid, r * r)
+    mean = s1 / cnt.clamp(min=1)
+    var = (s2 - s1 * mean) / (cnt - 1).clamp(min=1)
+    single = cnt <= 1
+    mean = torch.where(single, 0.0, mean)
+    std = torch.where(single, 1.0, var.clamp(min=eps).sqrt())
+    return (r - mean[gid]) / (std[gid] + eps)
+
+
+def verl_loop(scores, index: list[int], eps: float = EPS):
+    """verl's original per-group Python loop (a dict of member lists), kept for reference only: verl
+    itself has moved to the vectorised form above."""
+    out = scores.clone()
+    members: dict[int, list] = {}
+    for i, g in enumerate(index):
+        members.setdefault(g, []).append(scores[i])
+    stats = {}
+    for g, vals in members.items():
+        x = torch.stack(vals)
+        stats[g] = (torch.tensor(0.0), torch.tensor(1.0)) if len(vals) == 1 else (x.mean(), x.std())
+    for i, g in enumerate(index):
+        out[i] = (scores[i] - stats[g][0]) / (stats[g][1] + eps)
+    return out
+
+
+def dense_view(scores, group: int = 8, eps: float = EPS):
+    """Equal, contiguous groups only (OpenRLHF / TRL style): a [G, group] view and row statistics."""
+    s = scores.view(-1, group)
+    return ((s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + eps)).view(-1)
+
+
+def grpo_truth64(rewards, gid, group: int, eps: float = EPS):
+    """Two-pass float64 advantages of the given (fp32) rewards: members gathered by a stable sort."""
+    order = torch.argsort(gid, stable=True)
+    dense = dense_view(rewards.double()[order], group, eps)
+    return torch.empty_like(dense).index_copy_(0, order, dense)
+
+
+# ----------------------------------------------------------------------------- GAE
+def gae_batched(r, v, m, gamma: float, lam: float):
+    """GAE vectorised over the batch with a loop over time only, as verl's compute_gae_advantage_return
+    is, on memr1's semantics: values [N, T+1] (column T bootstraps), a masked step leaves the running
+    advantage and the next value untouched, outputs are 0 where the mask is 0. Time-major copies make
+    each step's slice contiguous. Returns (advantages, returns), both [N, T]."""
+    n, T = r.shape
+    rt, vt, mt = r.T.contiguous(), v.T.contiguous(), m.T.contiguous()
+    adv = torch.empty_like(rt)
+    run = torch.zeros(n, dtype=r.dtype, device=r.device)
+    nxt = vt[T].clone()
+    for t in range(T - 1, -1, -1):
+        step = rt[t] + gamma * nxt - vt[t] + gamma * lam * run
+        run = torch.where(mt[t], step, run)
+        nxt = torch.where(mt[t], vt[t], nxt)
+        adv[t] = run
+    adv = torch.where(mt, adv, 0.0).T
+    return adv, torch.where(m, adv + v[:, :T], 0.0)
+
+
+def gae_truth(r: list, v: list, m: list, gamma: float, lam: float) -> list:
+    """Scalar reference over Python floats (float64), one sequence at a time."""
+    out = []
+    for ri, vi, mi in zip(r, v, m):
+        a, next_v, run = [0.0] * len(ri), vi[-1], 0.0
+        for t in range(len(ri) - 1, -1, -1):
+            if mi[t]:
+                run = ri[t] + gamma * next_v - vi[t] + gamma * lam * run
+                next_v, a[t] = vi[t], run
+        out.append(a)
+    return out
+
+
+# ----------------------------------------------------------------------------- log-probs
+def logprob_inputs(m: int, h: int, v: int, device: str = "cpu"):
+    """The benchmark's hidden states [M, H], head weight [V, H] and targets [M], from seed 0."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(m, h, generator=g)
+    weight = torch.randn(v, h, generator=g) * 0.05
+    targets = torch.randint(0, v, (m,), generator=g)
+    return hidden.to(device), weight.to(device), targets.to(device)
+
+
+def logprobs_naive(hidden, weight, targets):
+    """Full logits, log_softmax, gather, by plain autograd: two [M, V] tensors and no third (memr1's
+    logprobs_ref also divides the logits by the temperature into a new tensor first)."""
+    return torch.log_softmax(hidden @ weight.T, dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+def trl_selective_log_softmax():
+    """TRL's selective_log_softmax (trl.trainer.utils), or None when TRL is not installed."""
+    from memr1.bench.trl_stubs import stub_missing_trl_imports
+    stub_missing_trl_imports()
+    try:
+        from trl.trainer.utils import selective_log_softmax
+    except ImportError:
+        return None
+    return selective_log_softmax
+
+
+def logprobs_trl(hidden, weight, targets, rows: int, fn):
+    """TRL's path as its trainers call it: logits [B, T, V] from the head, then selective_log_softmax
+    (gather the picked logits, a logsumexp per sequence row to bound memory)."""
+    logits = (hidden @ weight.T).view(rows, -1, weight.shape[0])
+    return fn(logits, targets.view(rows, -1)).reshape(-1)
+
+
+def logprobs_truth64(hidden, weight, targets, chunk: int = 512):
+    """Float64 log-probs and the gradients of their sum: d/dz = onehot(target) - softmax(z), then back
+    through z = hidden @ weight.T; chunked over rows to bound memory."""
+    h, w = hidden.double(), weight.double()
+    m = h.shape[0]
+    lp, gh, gw = torch.empty(m, dtype=torch.float64), torch.empty_like(h), torch.zeros_like(w)
+    for s in range(0, m, chunk):
+        e = min(m, s + chunk)
+        z = h[s:e] @ w.T
+        lse = torch.logsumexp(z, dim=-1)
+        rows = torch.arange(e - s)
+        lp[s:e] = z[rows, targets[s:e]] - lse
+        g = z.sub_(lse[:, None]).exp_().neg_()
+        g[rows, targets[s:e]] += 1.0
+        gh[s:e] = g @ w
+        gw.addmm_(g.T, h[s:e])
+    return lp, gh, gw

@@ -1,0 +1,255 @@
+"""What bench.memory_ops puts memr1's bank against, the test vectors and the timing helpers.
+
+The baselines are what a competent user would write:
+- UsearchOverlay: one read-only usearch HNSW index shared by every rollout, plus a per-rollout overlay
+  (added and updated vectors in a small matrix, the set of hidden base rows). Search asks the index for
+  k * oversample candidates, drops hidden ones (asking again for twice as many when fewer than k are
+  left), re-scores the survivors exactly in f32 and merges them with an exact scan of the overlay.
+- NumpyBank: every vector, normalised, in one float32 matrix searched exactly by a matvec; a fork
+  copies the matrix.
+- A usearch.Index used directly as the bank (update = remove + add), for a bank that is never forked.
+Ops are tuples (kind, id, vector) here; `as_memr1` turns them into the bank's own op structs.
+"""
+import time
+
+import numpy as np
+from usearch.index import Index
+
+from memr1.bench.common import percentiles
+from memr1.memory_store import Add, Delete, Noop, Update
+
+DIM = 384
+ADD, UPDATE, DELETE, NOOP = "add", "update", "delete", "noop"
+
+
+def clustered(n: int, seed: int, latent: int = 24, clusters: int = 256) -> np.ndarray:
+    """Points with low intrinsic dimension, like sentence embeddings: clusters in a 24-d latent space,
+    projected to 384-d, plus noise. HNSW recall on independent random vectors says nothing about them."""
+    shared = np.random.default_rng(1234)  # the same "embedding space" for every call
+    projection = shared.standard_normal((latent, DIM)).astype(np.float32)
+    centers = 2 * shared.standard_normal((clusters, latent)).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    z = centers[rng.integers(0, clusters, n)] + rng.standard_normal((n, latent)).astype(np.float32)
+    return z @ projection + 0.3 * rng.standard_normal((n, DIM)).astype(np.float32)
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def as_memr1(op: tuple):
+    kind, mid, vec = op
+    if kind == ADD:
+        return Add("new memory", vec, "user", "t")
+    if kind == UPDATE:
+        return Update(mid, "updated memory", vec)
+    return Delete(mid) if kind == DELETE else Noop()
+
+
+def hnsw_index(config, keys: np.ndarray, vectors: np.ndarray) -> Index:
+    """An index with the bank's own HNSW settings, so both sides search the same kind of graph."""
+    index = Index(ndim=config.dim, metric="cos", dtype=config.hnsw_dtype, connectivity=config.hnsw_connectivity,
+                  expansion_add=config.hnsw_expansion_add, expansion_search=config.hnsw_expansion_search)
+    if len(keys):
+        index.add(np.asarray(keys, np.uint64), np.ascontiguousarray(vectors, np.float32))
+    return index
+
+
+class UsearchOverlay:
+    """`index` keys are rows of `base` (float32, shared, never written); `base_ids` maps a row to its id."""
+
+    def __init__(self, index: Index, base: np.ndarray, base_ids: np.ndarray, next_id: int, oversample: float):
+        self.index, self.base, self.base_ids, self.oversample = index, base, base_ids, oversample
+        self.base_inv = 1.0 / np.linalg.norm(base, axis=1) if len(base) else np.empty(0, np.float32)
+        self.base_row = {int(i): r for r, i in enumerate(base_ids.tolist())}
+        self.next_id = next_id
+        self.hidden: set[int] = set()          # base rows deleted or superseded
+        self.slot: dict[int, int] = {}         # id -> overlay row, for ids that live in the overlay
+        self.rows = np.empty((8, DIM), np.float32)
+        self.ids = np.empty(8, np.int64)
+        self.n, self.dead = 0, []              # overlay rows in use; overlay rows deleted since
+
+    def fork(self) -> "UsearchOverlay":
+        c = object.__new__(UsearchOverlay)
+        c.__dict__.update(self.__dict__)  # index, base and maps are shared read-only
+        c.hidden, c.slot, c.dead = set(self.hidden), dict(self.slot), list(self.dead)
+        c.rows, c.ids = self.rows.copy(), self.ids.copy()
+        return c
+
+    def apply(self, op: tuple) -> int | None:
+        kind, mid, vec = op
+        if kind == NOOP:
+            return None
+        if kind == ADD:
+            mid = self.next_id
+            self.next_id += 1
+        elif mid in self.slot:
+            row = self.slot.pop(mid)
+            self.dead.append(row)
+        elif mid in self.base_row and self.base_row[mid] not in self.hidden:
+            self.hidden.add(self.base_row[mid])
+        else:
+            raise KeyError(mid)
+        if kind == DELETE:
+            return mid
+        if self.n == len(self.rows):
+            self.rows = np.concatenate([self.rows, np.empty_like(self.rows)])
+            self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
+        self.rows[self.n] = vec / np.linalg.norm(vec)
+        self.ids[self.n] = mid
+        self.slot[mid] = self.n
+        self.n += 1
+        return mid
+
+    def search(self, q: np.ndarray, k: int) -> np.ndarray:
+        q = q / np.linalg.norm(q)
+        want, size = int(k * self.oversample), len(self.index)
+        while True:
+            keys = self.index.search(q, min(want, size)).keys
+            rows = [r for r in keys.tolist() if r not in self.hidden] if self.hidden else keys.astype(np.int64)
+            if len(rows) >= k or want >= size:
+                break
+            want *= 2
+        rows = np.asarray(rows, np.int64)
+        scores, ids = (self.base[rows] @ q) * self.base_inv[rows], self.base_ids[rows]
+        if self.n:
+            extra = self.rows[:self.n] @ q
+            if self.dead:
+                extra[self.dead] = -np.inf
+            scores, ids = np.concatenate([scores, extra]), np.concatenate([ids, self.ids[:self.n]])
+        top = np.argsort(-scores, kind="stable")[:k]
+        return ids[top[scores[top] > -np.inf]]
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        keep = np.ones(len(self.base), bool)
+        keep[list(self.hidden)] = False
+        mine = np.ones(self.n, bool)
+        mine[self.dead] = False
+        return (np.concatenate([self.base_ids[keep], self.ids[:self.n][mine]]),
+                np.concatenate([self.base[keep], self.rows[:self.n][mine]]))
+
+    def compact(self, config) -> "UsearchOverlay":
+        """The baseline's compaction: a new index over the live rows, with an empty overlay."""
+        ids, vectors = self.live()
+        return UsearchOverlay(hnsw_index(config, np.arange(len(ids)), vectors), vectors, ids, self.next_id,
+                              self.oversample)
+
+    def stats(self) -> dict:
+        return {"delta_rows": self.n - len(self.dead), "dead_rows": len(self.hidden)}
+
+
+class NumpyBank:
+    """Row r holds id `ids[r]`; `row_of[id]` is its row or -1."""
+
+    def __init__(self, vectors: np.ndarray, spare: int = 64):
+        n = len(vectors)
+        self.m = np.empty((n + spare, DIM), np.float32)
+        self.m[:n] = unit(vectors)
+        self.ids = np.arange(n + spare, dtype=np.int64)
+        self.row_of = np.arange(n + spare, dtype=np.int64)
+        self.n = self.next_id = n
+        self.dead: list[int] = []
+
+    def fork(self) -> "NumpyBank":
+        c = object.__new__(NumpyBank)
+        c.m, c.ids, c.row_of = self.m.copy(), self.ids.copy(), self.row_of.copy()
+        c.n, c.next_id, c.dead = self.n, self.next_id, list(self.dead)
+        return c
+
+    def apply(self, op: tuple) -> int | None:
+        kind, mid, vec = op
+        if kind == NOOP:
+            return None
+        if kind == ADD:
+            if self.n == len(self.m):
+                self.m = np.concatenate([self.m, np.empty_like(self.m)])
+                self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
+            if self.next_id == len(self.row_of):
+                self.row_of = np.concatenate([self.row_of, np.full_like(self.row_of, -1)])
+            mid, row = self.next_id, self.n
+            self.next_id, self.n = mid + 1, row + 1
+            self.ids[row], self.row_of[mid] = mid, row
+        else:
+            row = int(self.row_of[mid]) if 0 <= mid < self.next_id else -1
+            if row < 0:
+                raise KeyError(mid)
+            if kind == DELETE:
+                self.row_of[mid] = -1
+                self.dead.append(row)
+                return mid
+        self.m[row] = vec / np.linalg.norm(vec)
+        return mid
+
+    def search(self, q: np.ndarray, k: int) -> np.ndarray:
+        s = self.m[:self.n] @ q
+        if self.dead:
+            s[self.dead] = -np.inf
+        k = min(k, self.n - len(self.dead))
+        top = np.argpartition(-s, k - 1)[:k]
+        return self.ids[top[np.argsort(-s[top], kind="stable")]]
+
+    def compact(self) -> "NumpyBank":
+        keep = np.ones(self.n, bool)
+        keep[self.dead] = False
+        c = NumpyBank.__new__(NumpyBank)
+        c.m = np.concatenate([self.m[:self.n][keep], np.empty((64, DIM), np.float32)])
+        c.ids = np.concatenate([self.ids[:self.n][keep], np.zeros(64, np.int64)])
+        c.n, c.next_id, c.dead = int(keep.sum()), self.next_id, []
+        c.row_of = np.full(self.next_id + 64, -1, np.int64)
+        c.row_of[c.ids[:c.n]] = np.arange(c.n)
+        return c
+
+    def stats(self) -> dict:
+        return {"delta_rows": 0, "dead_rows": len(self.dead)}
+
+
+class UsearchBank:
+    """A usearch.Index used directly as the bank: update = remove + add, delete = remove."""
+
+    def __init__(self, index: Index, next_id: int):
+        self.index, self.next_id, self.removed = index, next_id, 0
+
+    def apply(self, op: tuple) -> int | None:
+        kind, mid, vec = op
+        if kind == ADD:
+            mid, self.next_id = self.next_id, self.next_id + 1
+        elif kind in (UPDATE, DELETE):
+            self.index.remove(mid)
+            self.removed += 1
+        if kind in (ADD, UPDATE):
+            self.index.add(mid, vec)
+        return mid
+
+    def search(self, q: np.ndarray, k: int) -> np.ndarray:
+        return self.index.search(q, k).keys.astype(np.int64)
+
+    def stats(self) -> dict:
+        return {"delta_rows": 0, "dead_rows": self.removed}
+
+
+# ---- timing ----
+def timed(fn, n: int, start: int = 0) -> list[int]:
+    out = []
+    for i in range(start, start + n):
+        t = time.perf_counter_ns()
+        fn(i)
+        out.append(time.perf_counter_ns() - t)
+    return out
+
+
+def alternate(fns: dict, n, rounds: int = 4) -> dict[str, list[int]]:
+    """n samples of each call (n: an int, or a count per call), taken in rounds whose order reverses
+    each time, so every side is measured under the same background load."""
+    counts = n if isinstance(n, dict) else dict.fromkeys(fns, n)
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name] += timed(fns[name], max(1, counts[name] // rounds), len(samples[name]))
+    return samples
+
+
+def row(impl: str, op: str, size: int, samples_ns: list[int], **extra) -> dict:
+    p50, p99 = percentiles(samples_ns, (50, 99))
+    return {"impl": impl, "op": op, "bank_size": size, "p50_us": p50 / 1e3, "p99_us": p99 / 1e3,
+            "n": len(samples_ns), **extra}

@@ -1,0 +1,165 @@
+"""Search on a bank as built, after updates and deletes, and after compaction, with recall@k against
+the float64 truth (bench.memory_impls) for every impl and phase.
+
+Phases (row key `phase`): `fresh` (as built); `after_ops` (n updates of base rows, then n deletes of
+other base rows, n = min(2,000, size / 10)); `after_compact` (each impl folded its changes into a new
+base: memr1's compact(), a rebuilt index for the overlay, the dead rows dropped for numpy; usearch used
+as the bank has no compaction, so it has no such row). Each cost is timed where it lands: search per
+phase, `compact` per impl and size, the ops themselves in bench.memory_ops' op rows.
+
+Layouts (row key `layout`): `disk`, a bank bulk-loaded with from_arrays (an HNSW base from
+hnsw_threshold rows on, the graph every usearch impl here opens too); `memory`, the trainer's banks
+(rl/: MemoryBank.create(None) and one Add per row, so every row lives in the delta and search scans it
+exactly; the overlay indexes the same rows itself).
+"""
+import time
+from pathlib import Path
+
+import numpy as np
+from usearch.index import Index
+
+from memr1.bench.memory_impls import (DELETE, UPDATE, NumpyBank, UsearchBank, UsearchOverlay, alternate, as_memr1,
+                                      clustered, hnsw_index, row)
+from memr1.bench.memory_truth import Truth, recall, truth_topk
+from memr1.memory_store import Add, MemoryBank
+
+
+def n_changes(size: int) -> int:
+    return min(2000, size // 10)
+
+
+class Scenario:
+    """One size and layout: every impl holding the same rows, the truth, and the prepared ops."""
+
+    def __init__(self, size: int, layout: str, config, oversample: float, workdir: Path | None):
+        self.size, self.layout, self.config = size, layout, config
+        self.vectors = clustered(size, seed=size)
+        self.pool = clustered(4096, seed=size + 1)  # vectors for adds and updates
+        t = time.perf_counter()
+        if layout == "disk":
+            bank = MemoryBank.from_arrays(workdir / f"bank-{size}", self.vectors, [f"memory {i}" for i in range(size)],
+                                          ["user"] * size, ["t"] * size, config=config)
+        else:
+            bank = MemoryBank.create(None, config=config)
+            for v in self.vectors:
+                bank.apply(Add("memory", v, "user", "t"))
+        self.build_s = {"memr1": time.perf_counter() - t}
+        graph = next(Path(bank.path).glob("base-*/hnsw-0.usearch"), None) if bank.path else None
+        ids = np.arange(size, dtype=np.int64)
+        t = time.perf_counter()
+        shared = Index.restore(str(graph), view=True) if graph else hnsw_index(config, ids, self.vectors)
+        shared.expansion_search = config.hnsw_expansion_search  # as the bank sets it on its own view
+        self.build_s["usearch_overlay"] = time.perf_counter() - t
+        self.impls = {"memr1": bank, "usearch_overlay": UsearchOverlay(shared, self.vectors, ids, size, oversample),
+                      "numpy_copy": NumpyBank(self.vectors)}
+        if layout == "disk":  # a mutable copy of the very same graph
+            own = Index.restore(str(graph)) if graph else hnsw_index(config, ids, self.vectors)
+            own.expansion_search = config.hnsw_expansion_search
+            self.impls["usearch"] = UsearchBank(own, size)
+        self.truth = Truth(self.vectors)
+        rng = np.random.default_rng(size)
+        n = n_changes(size)
+        picked = rng.permutation(size)[:2 * n]
+        self.ops = ([(UPDATE, int(i), self.pool[j]) for j, i in enumerate(picked[:n])] +
+                    [(DELETE, int(i), None) for i in picked[n:]])
+        self.live_ids = [int(i) for i in rng.permutation(np.setdiff1d(np.arange(size), picked[n:]))]
+        print(f"  {layout} bank of {size:,} rows built in {self.build_s['memr1']:.1f}s")
+
+    def queries(self, n: int) -> np.ndarray:
+        """Half fresh points; a quarter near updated vectors; a quarter near deleted rows, which a bank
+        that forgot a delete would return."""
+        rng = np.random.default_rng(self.size + 2)
+        upd = [v for kind, _, v in self.ops if kind == UPDATE][: n // 4]
+        dead = [self.vectors[i] for kind, i, _ in self.ops if kind == DELETE][: n // 4]
+        near = np.array(upd + dead, np.float32).reshape(-1, self.vectors.shape[1])
+        near = near + 0.1 * rng.standard_normal(near.shape).astype(np.float32)
+        return np.concatenate([clustered(n - len(near), seed=self.size + 3), near]).astype(np.float32)
+
+    def search_fn(self, impl: str, k: int):
+        obj = self.impls[impl]
+        if impl == "memr1":
+            return lambda q: obj.search(q, k).ids
+        return lambda q: obj.search(q, k)
+
+    def stats(self, impl: str) -> dict:
+        obj = self.impls[impl]
+        if impl != "memr1":
+            return {**obj.stats(), "mode": "exact" if impl == "numpy_copy" else "hnsw"}
+        s = obj.stats()
+        mode = "hnsw" if s["hnsw_speakers"] else "exact"
+        return {"delta_rows": s["delta_rows"], "dead_rows": s["base_dead"], "base_rows": s["base_rows"], "mode": mode}
+
+    def close(self):
+        self.impls["memr1"].close()
+
+
+def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int, reps: int) -> list[dict]:
+    queries = scn.queries(n_queries)
+    rows = []
+    shape = {"layout": scn.layout, "k": k, "n_updates": 0, "n_deletes": 0}
+
+    def measure(phase: str, impls: list[str]):
+        truth = truth_topk(queries, [scn.truth] * len(queries), k)
+        fns = {impl: scn.search_fn(impl, k) for impl in impls}
+        hits = {impl: recall([fn(q) for q in queries], truth, k) for impl, fn in fns.items()}
+        samples = alternate({impl: (lambda i, fn=fn: fn(queries[i % len(queries)])) for impl, fn in fns.items()},
+                            n_search, rounds)
+        for impl in impls:
+            built = {"build_s": scn.build_s.get(impl)} if phase == "fresh" else {}  # the index the overlay needs
+            rows.append(row(impl, "search", scn.size, samples[impl], phase=phase, recall_at_k=hits[impl],
+                            live=len(scn.impls["memr1"]), **shape, **scn.stats(impl), **built))
+
+    measure("fresh", list(scn.impls))
+    for op in scn.ops:
+        scn.truth.apply(op)
+        for impl, obj in scn.impls.items():
+            obj.apply(as_memr1(op) if impl == "memr1" else op)
+    shape.update(n_updates=sum(op[0] == UPDATE for op in scn.ops), n_deletes=sum(op[0] == DELETE for op in scn.ops))
+    measure("after_ops", list(scn.impls))
+    rows += compact_rows(scn, reps)
+    measure("after_compact", [impl for impl in scn.impls if impl != "usearch"])
+    return rows
+
+
+def compact_rows(scn: Scenario, reps: int) -> list[dict]:
+    """Each impl folds the after_ops changes into a new base. A memory bank's fork compacts exactly as
+    the bank does, so forks give it repeats; a disk bank compacts once (each is a new generation)."""
+    bank, overlay, numpy_bank = scn.impls["memr1"], scn.impls["usearch_overlay"], scn.impls["numpy_copy"]
+    reps = reps if scn.size <= 10_000 else 1
+    samples = {"memr1": [], "usearch_overlay": [], "numpy_copy": []}
+    for r in range(reps):
+        last = r == reps - 1
+        jobs = {"usearch_overlay": lambda: overlay.compact(scn.config), "numpy_copy": numpy_bank.compact}
+        if last or scn.layout == "memory":
+            jobs["memr1"] = bank.compact if last else bank.fork().compact
+        for impl in (list(jobs) if r % 2 == 0 else list(jobs)[::-1]):
+            t = time.perf_counter_ns()
+            out = jobs[impl]()
+            samples[impl].append(time.perf_counter_ns() - t)
+            if last and impl != "memr1":
+                scn.impls[impl] = out
+    return [row(impl, "compact", scn.size, ns, layout=scn.layout, s=float(np.median(ns)) / 1e9)
+            for impl, ns in samples.items()]
+
+
+def dead_sweep_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int,
+                    counts: list[int]) -> list[dict]:
+    """Search p50 against the number of base rows deleted since the base was built, on forks of the
+    compacted bank: where a compaction threshold would have to sit to hold search near the fresh p50."""
+    queries = clustered(n_queries, seed=scn.size + 4)
+    rows = []
+    for d in [c for c in counts if c <= scn.size // 10]:
+        gone = [(DELETE, i, None) for i in scn.live_ids[:d]]
+        truth, bank, overlay = scn.truth.fork(), scn.impls["memr1"].fork(), scn.impls["usearch_overlay"].fork()
+        for op in gone:
+            truth.apply(op)
+            bank.apply(as_memr1(op))
+            overlay.apply(op)
+        fns = {"memr1": lambda q: bank.search(q, k).ids, "usearch_overlay": lambda q: overlay.search(q, k)}
+        want = truth_topk(queries, [truth] * len(queries), k)
+        hits = {impl: recall([fn(q) for q in queries], want, k) for impl, fn in fns.items()}
+        samples = alternate({impl: (lambda i, fn=fn: fn(queries[i % len(queries)])) for impl, fn in fns.items()},
+                            n_search, rounds)
+        rows += [row(impl, "search_vs_dead", scn.size, samples[impl], layout=scn.layout, k=k, dead_rows=d,
+                     recall_at_k=hits[impl]) for impl in fns]
+    return rows

@@ -1,0 +1,131 @@
+"""Rollouts forking one bank, as the manager stage does (rl/stages.py: a fork per completion, its ops,
+the answers' searches, the fork dropped), and concurrent readers of one bank.
+
+`op = "fork_rollout"`: one timed unit is G x (fork, m ops, one top-k search, drop), for G in 8, 64 and
+512 and impl in memr1, usearch_overlay and numpy_copy, over a trainer-style bank (the memory layout of
+bench.memory_phases: every memr1 row in the delta; the overlay's index and numpy's matrix hold the
+same rows). The ops follow the Memory-R1 mix of this trainer's manager rollouts: ADD 30%, UPDATE 25%,
+DELETE 22.5%, NOOP 22.5%, from the per-completion means ADD 0.78, UPDATE 0.65, DELETE 0.59, NONE 0.59
+over the 264 manager steps logged by 13 local training runs (metrics ops_add, ops_update, ops_delete,
+ops_none; mostly synthetic data), so m = 3 ops per fork by default (2.6 observed). Updates and deletes
+hit distinct live rows. memr1 applies them with apply(), one by one as the baselines do; the trainer's
+apply_batch adds one O(1) fork for atomicity, which the baselines have no counterpart for.
+`op = "fork_ops"` times the same rollouts without the search.
+
+`op = "search_threads"`: T threads (1, 2, 4) share one bank and split n searches; `qps` is n over the
+wall time, `scaling` qps over the one-thread qps, and `cpu_per_wall` the process's CPU time over the
+wall time. A search that holds the GIL keeps cpu_per_wall near 1 at any T, however many cores are idle;
+one that releases it reaches min(T, free cores) (`cpus` and `load_avg` in the JSON's machine block).
+"""
+import threading
+import time
+
+import numpy as np
+
+from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, alternate, as_memr1, clustered, row
+from memr1.bench.memory_truth import recall, truth_topk
+
+MIX = {ADD: 0.30, UPDATE: 0.25, DELETE: 0.225, NOOP: 0.225}
+
+
+def plans(scn, group: int, m: int, seed: int) -> list[list[tuple]]:
+    rng = np.random.default_rng(seed)
+    kinds = rng.choice(list(MIX), size=(group, m), p=list(MIX.values()))
+    out = []
+    for g in range(group):
+        targets = rng.choice(scn.size, m, replace=False).tolist()
+        vecs = rng.integers(0, len(scn.pool), m)
+        out.append([(kind, None if kind in (ADD, NOOP) else targets[j], None if kind in (DELETE, NOOP) else
+                     scn.pool[vecs[j]]) for j, kind in enumerate(kinds[g])])
+    return out
+
+
+def run_memr1(bank, ops, queries, k, out):
+    for g, fork_ops in enumerate(ops):
+        fork = bank.fork()
+        for op in fork_ops:
+            fork.apply(op)
+        if out is not None:
+            out[g] = fork.search(queries[g], k).ids
+        del fork
+
+
+def run_baseline(root, ops, queries, k, out):
+    for g, fork_ops in enumerate(ops):
+        fork = root.fork()
+        for op in fork_ops:
+            fork.apply(op)
+        if out is not None:
+            out[g] = fork.search(queries[g], k)
+        del fork
+
+
+def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
+    """`scn` is a memory-layout Scenario that nothing has changed. `fork_ops` rows time the same
+    rollouts without the search, to show what the fork and the ops cost on their own."""
+    rows = []
+    impls = ("memr1", "usearch_overlay", "numpy_copy")
+    for group in groups:
+        ops = plans(scn, group, m, seed=group)
+        memr1_ops = [[as_memr1(op) for op in fork_ops] for fork_ops in ops]
+        queries = clustered(group, seed=scn.size + group)
+        outs = {impl: [None] * group for impl in impls}
+
+        def calls(searched: bool):
+            out = outs if searched else dict.fromkeys(impls)
+            return {"memr1": lambda _: run_memr1(scn.impls["memr1"], memr1_ops, queries, k, out["memr1"]),
+                    **{impl: (lambda _, impl=impl: run_baseline(scn.impls[impl], ops, queries, k, out[impl]))
+                       for impl in impls[1:]}}
+        states = []
+        for fork_ops in ops:
+            states.append(scn.truth.fork())
+            for op in fork_ops:
+                states[-1].apply(op)
+        for op_name, searched in (("fork_rollout", True), ("fork_ops", False)):
+            samples = alternate(calls(searched), rounds, rounds)
+            truth = truth_topk(queries, states, k) if searched else None
+            for impl in impls:
+                extra = {"recall_at_k": recall(outs[impl], truth, k), "k": k} if searched else {}
+                r = row(impl, op_name, scn.size, samples[impl], group=group, layout=scn.layout, ops_per_fork=m,
+                        **extra)
+                r["per_fork_us"] = r["p50_us"] / group
+                rows.append(r)
+    return rows
+
+
+def threads_qps(search, queries, threads: int, n: int) -> float:
+    start = threading.Barrier(threads + 1)
+    each = n // threads
+
+    def work(offset):
+        start.wait()
+        for i in range(offset, offset + each):
+            search(queries[i % len(queries)])
+    pool = [threading.Thread(target=work, args=(t * each,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    return threads * each / wall, (time.process_time() - c0) / wall
+
+
+def thread_rows(scn, k: int, n: int, rounds: int, threads=(1, 2, 4)) -> list[dict]:
+    queries = clustered(256, seed=scn.size + 5)
+    fns = {impl: scn.search_fn(impl, k) for impl in scn.impls}
+    runs = {(impl, t): [] for impl in fns for t in threads}
+    for r in range(rounds):
+        for t in threads:
+            for impl in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                runs[(impl, t)].append(threads_qps(fns[impl], queries, t, n))
+    rows = []
+    for impl in fns:
+        one = float(np.median([q for q, _ in runs[(impl, 1)]]))
+        for t in threads:
+            q, cpu = (float(x) for x in np.median(runs[(impl, t)], axis=0))
+            rows.append({"impl": impl, "op": "search_threads", "bank_size": scn.size, "layout": scn.layout,
+                         "threads": t, "qps": q, "scaling": q / one, "cpu_per_wall": cpu, "n": rounds, "k": k,
+                         **scn.stats(impl)})
+    return rows

@@ -1,0 +1,177 @@
+"""One trainer of bench.train_step in its own process, so that its memory is its own.
+
+    python -m memr1.bench.train_step_worker --trainer memr1|memr1_noshare|trl --batch B.pt --model M
+
+It loads the batch the parent saved, sets its trainer up, then answers on stdout (lines starting with
+"BENCH ", JSON after it; anything else a library prints there is ignored by the parent):
+- at start: {"baseline_rss_mb", "setup_peak_mb", "positions", "micro_batches", "info"}; the process's
+  peak RSS is reset after this, so the peak at the end is the peak of the steps alone;
+- each "step" read on stdin: {"wall_s", "cpu_s", "loss", "grad_norm"} of one full optimizer step;
+- "quit": {"step_peak_mb", "rss_mb"}, then it exits.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+import torch
+
+PROTOCOL = "BENCH "
+
+
+def status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak() -> bool:
+    """Set VmHWM back to the current RSS (Linux: write 5 to clear_refs); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def say(obj: dict) -> None:
+    sys.stdout.write(PROTOCOL + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Memr1:
+    """memr1's Learner.train_step on the batch as Groups; `share` False: each sequence its own prompt."""
+
+    def __init__(self, model, batch, share: bool, checkpointing: bool):
+        from memr1.engine.batching import build_micro, micro_count, split_units, units_of
+        from memr1.engine.learner import Learner, LearnerConfig
+        from memr1.rl.losses import LossConfig
+        from memr1.rl.records import Group, TrainBatch
+        s = batch["settings"]
+        loss = LossConfig(aggregation="token-mean", clip_low=s["clip"], clip_high=s["clip"],
+                          dual_clip=0.0,  # TRL has no dual clip (its `delta` is off by default)
+                          kl_coef=0.0, entropy_coef=0.0)
+        # anchor "behaviour": the ratio is taken against the given old log-probs, as TRL does with
+        # `old_per_token_logps`; the rows layout with sdpa is what memr1 runs on CPU.
+        cfg = LearnerConfig(grad_clip=s["grad_clip"], micro_batch_tokens=s["micro_batch_tokens"], attn_impl="sdpa",
+                            layout="rows", share_prefix=share, pad_bucket=s["pad_bucket"], anchor="behaviour",
+                            activation_checkpointing=checkpointing, loss=loss)
+        self.learner = Learner(cfg, model, lr=s["lr"])
+        ids, adv, old, p, g = batch["ids"], batch["adv"], batch["old_logp"], s["prompt"], s["group_size"]
+        self.batch = TrainBatch([
+            Group(ids[i, :p].tolist(), ids[i:i + g, p:].tolist(), old[i:i + g].tolist(), [0.0] * g,
+                  advantages=adv[i:i + g].tolist())
+            for i in range(0, ids.shape[0], g)])
+        # What the forwards compute: every micro-batch's rows x width, padding included.
+        units = units_of(self.batch, share)
+        parts = split_units(units, micro_count(units, cfg.micro_batch_tokens))
+        micros = [build_micro(part, False, cfg.pad_bucket, torch.device("cpu")) for part in parts if part]
+        self.positions = sum(m.input_ids.numel() for m in micros)
+        self.micro_batches = len(micros)
+        self.info = {"optimizer": type(self.learner.optim).__name__,
+                     "optimizer_fused": self.learner.optim.defaults.get("fused"),
+                     "micro_rows": [list(m.input_ids.shape) for m in micros]}
+
+    def step(self):
+        m = self.learner.train_step(self.batch)
+        return m["loss"], m["grad_norm"]
+
+
+class Trl:
+    """TRL's GRPOTrainer loss path as its trainer runs it: `compute_loss` per micro-batch,
+    `accelerator.backward`, clip, optimizer and scheduler step. Micro-batch inputs are built before
+    the timer (TRL builds them while generating, outside its loss path)."""
+
+    def __init__(self, model, batch, checkpointing: bool):
+        from memr1.bench.trl_stubs import prompt_dataset, stub_missing_trl_imports
+        self.stubbed = stub_missing_trl_imports()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import GRPOConfig, GRPOTrainer
+        s = batch["settings"]
+        ids, adv, old, p, g = batch["ids"], batch["adv"], batch["old_logp"], s["prompt"], s["group_size"]
+        n, micro = ids.shape[0], s["micro_seqs"]
+        accum = n // micro
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa")
+        # dapo: every micro-batch's loss is its token sum over the whole step's token count, so the
+        # micro-batch losses add up to the token mean over the step (memr1's token-mean).
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), use_cpu=True, bf16=False, fp16=False,
+                          gradient_checkpointing=checkpointing, num_generations=g, per_device_train_batch_size=micro,
+                          gradient_accumulation_steps=accum, beta=0.0, loss_type="dapo", learning_rate=s["lr"],
+                          epsilon=s["clip"], max_grad_norm=s["grad_clip"], max_completion_length=ids.shape[1] - p,
+                          weight_decay=0.0, report_to=[], lr_scheduler_type="constant", logging_steps=1_000_000)
+        self.trainer = GRPOTrainer(model=lm, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                                   args=args, train_dataset=prompt_dataset(n, self.stubbed),
+                                   processing_class=AutoTokenizer.from_pretrained(model))
+        tr = self.trainer
+        tr.create_optimizer_and_scheduler(num_training_steps=1000)
+        if checkpointing:  # Trainer.train() turns this on; the timed path calls the loss directly
+            tr.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tr.model.train()
+        tr.current_gradient_accumulation_steps = accum
+        num_items = torch.tensor(float(n * (ids.shape[1] - p)))  # completion tokens of the whole step
+        self.micros = []
+        for a in range(0, n, micro):
+            pi, ci = ids[a:a + micro, :p], ids[a:a + micro, p:]
+            self.micros.append({"prompt_ids": pi, "prompt_mask": torch.ones_like(pi), "completion_ids": ci,
+                                "completion_mask": torch.ones_like(ci), "advantages": adv[a:a + micro],
+                                "old_per_token_logps": old[a:a + micro], "num_items_in_batch": num_items})
+        self.positions = ids.numel()
+        self.micro_batches = len(self.micros)
+        self.info = {"optimizer": type(tr.optimizer).__name__, "optimizer_fused": tr.optimizer.defaults.get("fused"),
+                     "optim_arg": str(args.optim), "steps_per_generation": args.steps_per_generation,
+                     "trl_stubs": self.stubbed, "micro_rows": [list(ids[a:a + micro].shape) for a in range(0, n, micro)]}
+
+    def step(self):
+        tr = self.trainer
+        total = 0.0
+        for inputs in self.micros:
+            loss = tr.compute_loss(tr.model, inputs)
+            tr.accelerator.backward(loss)
+            total += float(loss.detach())
+        norm = tr.accelerator.clip_grad_norm_(tr.model.parameters(), tr.args.max_grad_norm)
+        tr.optimizer.step()
+        tr.lr_scheduler.step()
+        tr.optimizer.zero_grad(set_to_none=True)
+        return total, float(norm)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trainer", required=True, choices=["memr1", "memr1_noshare", "trl"])
+    ap.add_argument("--batch", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    batch = torch.load(args.batch)
+    if args.trainer == "trl":
+        trainer = Trl(args.model, batch, args.activation_checkpointing)
+    else:
+        trainer = Memr1(args.model, batch, args.trainer == "memr1", args.activation_checkpointing)
+    baseline, setup_peak = status_mb("VmRSS"), status_mb("VmHWM")
+    reset = reset_peak()
+    say({"baseline_rss_mb": baseline, "setup_peak_mb": setup_peak, "peak_reset": reset,
+         "positions": trainer.positions, "micro_batches": trainer.micro_batches, "info": trainer.info,
+         "torch_threads": torch.get_num_threads()})
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "step":
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss, norm = trainer.step()
+            say({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                 "loss": loss, "grad_norm": norm})
+        elif cmd == "quit":
+            say({"step_peak_mb": status_mb("VmHWM"), "rss_mb": status_mb("VmRSS")})
+            return
+
+
+if __name__ == "__main__":
+    from memr1.engine.preload import preload
+
+    preload()  # a no-op when the parent already preloaded (the environment says so)
+    main()

@@ -1,0 +1,147 @@
+"""A checkpoint's manifest, its verification, the choice of the checkpoint to resume from, and pruning.
+
+`manifest.json`, written last into a checkpoint (before the folder is renamed into place):
+    {"format": "memr1-checkpoint", "version": 1, "step": N,
+     "files": {"model.safetensors": {"bytes": 270123456, "sha256": "..."}, ...}}
+It lists every file of the checkpoint, so a file that is missing, truncated or changed afterwards is
+found at load. Verification checks presence and sizes always, and the SHA-256 of each file when
+resuming (a few seconds per GB). A checkpoint written before manifests existed is accepted when
+its required files are there and its state.json reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Callable
+
+import msgspec
+from msgspec import Meta
+
+MANIFEST = "manifest.json"
+FORMAT = "memr1-checkpoint"
+REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "state.json", "rng_rank0.pt")
+
+
+class CheckpointConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    # Newest checkpoints kept per stage; older ones are deleted after each save, except the one
+    # best.json names and the newest one that verifies. 2 leaves a fallback when the latest is damaged.
+    keep_last: Annotated[int, Meta(ge=1)] = 2
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint where one is needed; the message names the folder and what is wrong."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: str | Path, step: int) -> None:
+    """List every file of `folder` (a finished checkpoint, not yet renamed into place)."""
+    folder = Path(folder)
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "version": 1, "step": step, "files": files}))
+
+
+def step_of(path: Path) -> int | None:
+    tail = path.name.split("_", 1)[1] if path.name.startswith("step_") else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def checkpoints(stage_dir) -> list[Path]:
+    """A stage's `checkpoints/step_<N>` folders, newest first (unfinished `.tmp` saves are not listed)."""
+    found = [(s, p) for p in (Path(stage_dir) / "checkpoints").glob("step_*")
+             if (s := step_of(p)) is not None and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def verify(path: Path, checksums: bool = True) -> str | None:
+    """What is wrong with the checkpoint at `path`, or None when it is whole."""
+    path = Path(path)
+    if not path.is_dir():
+        return "not a folder"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        manifest = None
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"{MANIFEST} does not read ({e})"
+    if manifest is None:   # written before manifests: the required files and a readable state.json
+        missing = [n for n in REQUIRED if not (path / n).is_file() or (path / n).stat().st_size == 0]
+        if missing:
+            return f"missing or empty: {', '.join(missing)}"
+    else:
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if manifest.get("format") != FORMAT or not isinstance(files, dict):
+            return f"{MANIFEST} is not a memr1 checkpoint manifest"
+        if missing := [n for n in REQUIRED if n not in files]:
+            return f"{MANIFEST} does not list {', '.join(missing)}"
+        for name, want in files.items():
+            f = path / name
+            try:
+                if not f.is_file():
+                    return f"{name} is missing"
+                if f.stat().st_size != want.get("bytes"):
+                    return f"{name} has {f.stat().st_size} bytes, {want.get('bytes')} were written"
+                if checksums and _sha256(f) != want.get("sha256"):
+                    return f"{name} does not match its checksum"
+            except OSError as e:   # unreadable, or removed while being read
+                return f"{name} does not read ({e})"
+    try:
+        state = json.loads((path / "state.json").read_text())
+        int(state["step"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        return f"state.json does not read ({type(e).__name__}: {e})"
+    return None
+
+
+def best_step(stage_dir) -> int | None:
+    """The step best.json names, or None."""
+    try:
+        return int(json.loads((Path(stage_dir) / "best.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def usable_checkpoint(stage_dir, say: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of a stage that verifies (checksums included), saying which damaged ones
+    it passed over. None when the stage has no checkpoint; CheckpointError when none of them verifies."""
+    found, bad = checkpoints(stage_dir), []
+    for path in found:
+        problem = verify(path)
+        if problem is None:
+            if bad:
+                say(f"warning: falling back to {path}: the newer checkpoint(s) are damaged ({'; '.join(bad)})")
+            return path
+        bad.append(f"{path.name}: {problem}")
+    if found:
+        raise CheckpointError(f"{stage_dir}: no usable checkpoint to resume from ({'; '.join(bad)})")
+    return None
+
+
+def newest_whole(stage_dir) -> Path | None:
+    """The newest checkpoint whose files are all there (sizes only: cheap enough to call often)."""
+    return next((p for p in checkpoints(stage_dir) if verify(p, checksums=False) is None), None)
+
+
+def prune(stage_dir, keep_last: int, current: int | None = None) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints of a stage, never the one best.json names nor
+    the newest one that verifies (when the newest ones are damaged). Checkpoints past `current` (the
+    step just saved) are the damaged ones a resume fell back from: deleted too. Returns what went."""
+    found, best = checkpoints(stage_dir), best_step(stage_dir)
+    passed = [p for p in found if current is not None and step_of(p) > current]
+    found = [p for p in found if p not in passed]
+    keep = set(found[:keep_last]) | {p for p in found if step_of(p) == best}
+    whole = next((p for p in found if verify(p, checksums=False) is None), None)
+    keep |= {whole} if whole is not None else set()
+    gone = passed + [p for p in found if p not in keep]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone

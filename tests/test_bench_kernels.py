@@ -1,0 +1,64 @@
+"""bench.kernels: its baselines compute what they claim (against float64 references), the float64
+references against autograd, and a --quick run's JSON."""
+import json
+
+import pytest
+import torch
+
+from memr1.bench import kernel_baselines as base
+from memr1.bench.kernels import headline, main
+
+
+def test_verl_vectorised_matches_the_float64_reference_and_verls_singleton_rule():
+    g = torch.Generator().manual_seed(0)
+    gid = torch.randperm(4096, generator=g) // 8
+    r = torch.rand(4096, generator=g)
+    truth = base.grpo_truth64(r, gid, 8)
+    assert (base.verl_vectorised(r, gid, 512).double() - truth).abs().max() < 1e-4
+    assert (base.verl_loop(r[:64], gid[:64].tolist()).double() - base.verl_vectorised(r[:64], gid[:64], 512)).abs().max() < 1e-4
+    # verl: a group of one keeps its reward (mean 0, std 1)
+    one = base.verl_vectorised(torch.tensor([0.25, 1.0, 3.0]), torch.tensor([0, 1, 1]), 2)
+    assert one[0].item() == pytest.approx(0.25, rel=1e-5)
+
+
+def test_gae_batched_matches_the_scalar_loop_with_masked_gaps():
+    g = torch.Generator().manual_seed(1)
+    n, T = 6, 40
+    r, v = torch.randn(n, T, generator=g, dtype=torch.float64), torch.randn(n, T + 1, generator=g, dtype=torch.float64)
+    m = torch.rand(n, T, generator=g) < 0.7
+    truth = torch.tensor(base.gae_truth(r.tolist(), v.tolist(), m.tolist(), 0.9, 0.8), dtype=torch.float64)
+    adv, ret = base.gae_batched(r, v, m, 0.9, 0.8)
+    assert (adv - truth).abs().max() < 1e-12
+    assert (ret - torch.where(m, truth + v[:, :T], 0.0)).abs().max() < 1e-12
+
+
+def test_logprob_paths_and_float64_reference_agree_with_autograd():
+    hidden, weight, targets = base.logprob_inputs(12, 8, 50)
+    h, w = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    lp = torch.log_softmax(h @ w.T, -1).gather(1, targets[:, None])[:, 0]
+    lp.sum().backward()
+    lp64, gh, gw = base.logprobs_truth64(hidden, weight, targets, chunk=5)
+    assert (lp64 - lp.detach()).abs().max() < 1e-12
+    assert (gh - h.grad).abs().max() < 1e-12 and (gw - w.grad).abs().max() < 1e-12
+    assert (base.logprobs_naive(hidden, weight, targets).double() - lp64).abs().max() < 1e-5
+    fn = base.trl_selective_log_softmax()
+    if fn is not None:
+        assert (base.logprobs_trl(hidden, weight, targets, 3, fn).double() - lp64).abs().max() < 1e-5
+
+
+def test_headline_is_verl_over_memr1_per_mode():
+    rows = [{"kernel": "grpo_advantage", "size": 8, "case": "typical", "impl": k, "ms": ms}
+            for k, ms in (("memr1_torch", 2.0), ("memr1_torch_compiled", 1.0), ("verl_vectorised", 4.0),
+                          ("verl_vectorised_compiled", 3.0))]
+    assert headline(rows) == [{"size": 8, "case": "typical", "eager": 2.0, "compiled": 3.0, "best_vs_best": 3.0}]
+
+
+def test_quick_gae_run_writes_rows_and_provenance(tmp_path):
+    out = tmp_path / "kernels.json"
+    assert main(["--quick", "--only", "gae", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    impls = {r["impl"] for r in data["rows"]}
+    assert impls == {"memr1_torch", "batched_loop"}
+    assert all(r["max_abs_err"] < 1e-4 and r["ms"] > 0 for r in data["rows"])
+    assert data["machine"]["commit"] and data["machine"]["argv"] and data["machine"]["torch"]
+    assert data["settings"]["min_calls"] >= 5

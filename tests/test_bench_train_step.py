@@ -1,0 +1,52 @@
+"""bench.train_step: the step-1 agreement check, and a --quick run on a tiny model (every trainer in its
+worker, the row keys the issue asks for, the positions each trainer computes, the JSON's provenance)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memr1.bench.train_step import check_agreement
+from tiny_model import tiny_llama
+
+
+def test_check_agreement_passes_within_tolerance_and_stops_beyond():
+    ref = {"loss": -0.5, "grad_norm": 2.0}
+    ok = check_agreement({"trl": ref, "memr1": {"loss": -0.50001, "grad_norm": 2.0001}}, 1e-4)
+    assert ok["memr1"]["loss_rel_diff"] == pytest.approx(2e-5) and ok["memr1"]["grad_norm_rel_diff"] == pytest.approx(5e-5)
+    with pytest.raises(AssertionError, match="memr1_noshare"):
+        check_agreement({"trl": ref, "memr1_noshare": {"loss": -0.5, "grad_norm": 2.001}}, 1e-4)
+    with pytest.raises(AssertionError):
+        check_agreement({"trl": ref, "memr1": {"loss": float("nan"), "grad_norm": 2.0}}, 1e-4)
+
+
+def test_quick_run_rows_agreement_and_provenance(tmp_path):
+    pytest.importorskip("trl")
+    model = tiny_llama(tmp_path / "tiny")
+    out = tmp_path / "train_step.json"
+    proc = subprocess.run([sys.executable, "-m", "memr1.bench.train_step", "--quick", "--model", str(model),
+                           "--group-sizes", "4", "--steps", "5", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = {r["trainer"]: r for r in data["rows"]}
+    assert set(rows) == {"memr1", "memr1_noshare", "trl"}
+    keys = {"trainer", "group_size", "tokens_per_s", "positions", "step_s", "step_s_spread", "cpu_s",
+            "peak_rss_mb", "rss_rise_mb"}
+    for r in rows.values():
+        assert keys <= set(r), keys - set(r)
+        assert r["group_size"] == 4 and r["steps_timed"] == 5
+        lo, hi = r["step_s_spread"]
+        assert lo <= r["step_s"] <= hi
+        assert 0 < r["rss_rise_mb"] <= r["peak_rss_mb"]
+    # 16 sequences of 32 + 32 tokens: TRL and memr1 without sharing compute every prompt per sequence,
+    # memr1 with sharing each of the 4 prompts once.
+    assert rows["trl"]["positions"] == rows["memr1_noshare"]["positions"] == 16 * 64
+    assert rows["memr1"]["positions"] == 4 * 32 + 16 * 32
+    for name in ("memr1", "memr1_noshare"):
+        a = data["agreement"]["4"][name]
+        assert a["loss_rel_diff"] <= 1e-4 and a["grad_norm_rel_diff"] <= 1e-4
+        assert abs(a["ref_loss"]) > 1e-2  # a loss that is not a near-cancelling sum
+    m = data["machine"]
+    assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]
+    assert data["settings"]["4"]["micro_batch_tokens"] == 8 * 64
