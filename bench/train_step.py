@@ -33,7 +33,7 @@ trainers round by round (A,B,C then B,C,A ...), each in its own worker process (
 that holds its model between steps; median and min/max of wall and CPU seconds. Memory: `rss_rise_mb`
 is the peak RSS over the steps minus the RSS right after setup; `peak_rss_mb` the whole process's peak.
 
-TRL is a bench-only dependency (`pip install --no-deps trl==1.16.0`); see bench/trl_stubs.py.
+TRL is installed without its dependencies (`trl==1.16.0`, Makefile); see bench/trl_stubs.py.
 """
 from __future__ import annotations
 

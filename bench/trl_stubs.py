@@ -1,6 +1,6 @@
 """Importing TRL's trainers without pandas, datasets or pyarrow.
 
-TRL is a bench-only dependency (`pip install --no-deps trl==1.16.0`). Its GRPO module and
+TRL is installed without its dependencies (`trl==1.16.0`, Makefile). Its GRPO module and
 `trl.trainer.utils` import pandas and datasets (and through them pyarrow) at import time, for logging
 and dataset handling only. When those are missing, `stub_missing_trl_imports()` installs empty
 stand-in modules for them; the benches record which in their JSON (`trl_stubs`).

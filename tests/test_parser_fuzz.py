@@ -149,8 +149,7 @@ def test_manager_parser_fuzz_10k(bank):
         else:
             text = corrupt(rng, text)
         statuses[check_manager(text, *bank, applied)] += 1
-        if case % 4 == 0:
-            check_others(text)
+        check_others(text)   # the answer, fact and judge parsers see the same 10,000 strings
     assert sum(statuses.values()) == N_CASES and exact > 2500 and len(applied) >= 1000
     assert all(statuses[s] > 200 for s in ("ok", "parse_error", "hallucinated_id", "invalid_item")), statuses
 
@@ -160,3 +159,22 @@ def test_manager_parser_fuzz_10k(bank):
 def test_parsers_never_raise_on_arbitrary_text(bank, text):
     check_manager(text, *bank, [])
     check_others(text)
+
+
+# Megabyte inputs of the shapes that made regexes quadratic (long runs of newlines, braces, brackets,
+# quotes, repeated prefixes): each parser stays linear. Process CPU time, so a busy machine does not
+# fail it; a quadratic parser takes minutes here.
+HUGE = ["\n" * (1 << 20), "{" * (1 << 20), "[" * (1 << 20), '"' * (1 << 20), "Answer:" * 150_000,
+        '{"memory": [' + '{"id": "1", "event": "UPDATE", "text": "x"}, ' * 25_000, "- " * (1 << 19),
+        "a" * (1 << 20)]
+
+
+@pytest.mark.parametrize("text", HUGE, ids=["newlines", "braces", "brackets", "quotes", "answer-tags",
+                                            "many-ops", "dashes", "letters"])
+def test_a_megabyte_of_model_text_parses_in_under_half_a_second(bank, text):
+    import time
+    assert len(text) >= 1_000_000
+    for parse in (lambda t: parse_manager_output(t, N_SHOWN, CFG), parse_answer, parse_facts, parse_judge):
+        t0 = time.process_time()
+        parse(text)
+        assert time.process_time() - t0 < 0.5, parse
