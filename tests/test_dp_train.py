@@ -39,7 +39,7 @@ def single(model, tmp_path_factory):
 
 def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+            "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "INFO"}   # a test asserts on vLLM's log
 
 
 def launcher(config: Path, args: list[str], dist_args: list[str]) -> list[str]:
