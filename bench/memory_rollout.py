@@ -40,23 +40,15 @@ def plans(scn, group: int, m: int, seed: int) -> list[list[tuple]]:
     return out
 
 
-def run_memr1(bank, ops, queries, k, out):
-    for g, fork_ops in enumerate(ops):
-        fork = bank.fork()
-        for op in fork_ops:
-            fork.apply(op)
-        if out is not None:
-            out[g] = fork.search(queries[g], k).ids
-        del fork
-
-
-def run_baseline(root, ops, queries, k, out):
+def run_forks(root, ops, queries, k, out, ids_of=lambda found: found):
+    """G rollouts on one bank: fork, apply the fork's ops, search (into `out` unless None), drop.
+    `ids_of` reads the ids out of a search result (memr1 returns a SearchResult, baselines the ids)."""
     for g, fork_ops in enumerate(ops):
         fork = root.fork()
         for op in fork_ops:
             fork.apply(op)
         if out is not None:
-            out[g] = fork.search(queries[g], k)
+            out[g] = ids_of(fork.search(queries[g], k))
         del fork
 
 
@@ -73,8 +65,9 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
 
         def calls(searched: bool):
             out = outs if searched else dict.fromkeys(impls)
-            return {"memr1": lambda _: run_memr1(scn.impls["memr1"], memr1_ops, queries, k, out["memr1"]),
-                    **{impl: (lambda _, impl=impl: run_baseline(scn.impls[impl], ops, queries, k, out[impl]))
+            return {"memr1": lambda _: run_forks(scn.impls["memr1"], memr1_ops, queries, k, out["memr1"],
+                                                 lambda found: found.ids),
+                    **{impl: (lambda _, impl=impl: run_forks(scn.impls[impl], ops, queries, k, out[impl]))
                        for impl in impls[1:]}}
         states = []
         for fork_ops in ops:

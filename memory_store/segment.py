@@ -72,7 +72,8 @@ def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfi
     return indexes
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a folder (which makes the renames and creations in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -100,10 +101,10 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
             raise BankIOError(f"cannot write {tmp / f'hnsw-{i}.usearch'}: {e}", errno.EIO) from None
     files = {f.name: _core.file_crc32c(str(f)) for f in sorted(tmp.iterdir())}
     for f in tmp.iterdir():
-        _fsync_path(f)
-    _fsync_path(tmp)
+        fsync_path(f)
+    fsync_path(tmp)
     os.replace(tmp, folder)
-    _fsync_path(folder.parent)
+    fsync_path(folder.parent)
     return speakers, files
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.records import FORMAT, READS_VERSIONS, BankConfig, Manifest
-from memr1.memory_store.segment import write_segment
+from memr1.memory_store.segment import fsync_path, write_segment
 
 _FIELD = re.compile(r"at `\$\.(\w+)`")
 _CHOICES = ("fsync", "hnsw_dtype")  # the Literal fields, whose msgspec error does not list the choices
@@ -97,14 +97,6 @@ def validate_rows(config: BankConfig, vectors: np.ndarray, texts, speakers, time
                 raise InvalidInput(f"speakers[{i}] is empty")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove(entry: Path) -> None:
     if entry.is_dir() and not entry.is_symlink():
         shutil.rmtree(entry, ignore_errors=True)
@@ -135,7 +127,7 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
     try:
-        _fsync_dir(path)
+        fsync_path(path)
     except OSError as e:
         raise BankIOError(f"bank {path}: cannot sync its folder: {e.strerror}", e.errno or 0) from None
     return manifest
