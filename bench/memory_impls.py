@@ -250,6 +250,8 @@ def alternate(fns: dict, n, rounds: int = 4) -> dict[str, list[int]]:
 
 
 def row(impl: str, op: str, size: int, samples_ns: list[int], **extra) -> dict:
+    """p50 and p99, and the max and mean: a call that compacts is one rare, long sample."""
     p50, p99 = percentiles(samples_ns, (50, 99))
     return {"impl": impl, "op": op, "bank_size": size, "p50_us": p50 / 1e3, "p99_us": p99 / 1e3,
-            "n": len(samples_ns), **extra}
+            "max_us": max(samples_ns) / 1e3, "mean_us": float(np.mean(samples_ns)) / 1e3, "n": len(samples_ns),
+            **extra}

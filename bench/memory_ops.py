@@ -3,12 +3,15 @@ memr1's bank against what a competent user would write (bench.memory_impls).
 
     python -m memr1.bench.memory_ops [--quick] [--only SECTION ...] --json PATH
 
-Sections: `phases` (bench.memory_phases: search per phase with recall against a float64 truth, compact
-time, op latency on disk banks; search against dead rows at the largest HNSW size), `rollout` and
-`threads` (bench.memory_rollout), `sweep` (exact against HNSW search, to place hnsw_threshold).
+Sections: `phases` (bench.memory_phases: search per phase with recall against a float64 truth, with
+memr1's automatic compaction on and off, compact time, op latency on disk banks; search against dirty
+rows at the largest HNSW size), `rollout` and `threads` (bench.memory_rollout), `sweep` (exact against
+HNSW search, to place hnsw_threshold).
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
-(fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50 and p99.
+(fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
+mean. memr1 compacts on its own past its threshold (settings.bank.auto_compact_*), inside the timed op
+that crosses it: `compacted` counts those calls, which show in max and mean, rarely in p99.
 """
 import argparse
 import os
@@ -22,7 +25,7 @@ import numpy as np
 
 from memr1.bench.common import print_table, write_json
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
-from memr1.bench.memory_phases import Scenario, dead_sweep_rows, phase_rows
+from memr1.bench.memory_phases import Scenario, dirty_sweep_rows, phase_rows
 from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
 from memr1.memory_store import BankConfig, MemoryBank
 
@@ -49,7 +52,11 @@ def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
     for kind in (ADD, UPDATE, DELETE, NOOP):
         impls = [i for i in counts if not (kind == NOOP and i == "usearch")]
         fns = {i: (lambda j, obj=scn.impls[i], seq=plan[i][kind]: obj.apply(seq[j])) for i in impls}
-        rows += [row(i, kind, scn.size, s, layout=scn.layout) for i, s in alternate(fns, counts, rounds).items()]
+        before = bank.compactions
+        samples = alternate(fns, counts, rounds)
+        mine = {"compacted": bank.compactions - before, "auto_compact_at": bank.auto_compact_at}
+        rows += [row(i, kind, scn.size, s, layout=scn.layout, **(mine if i == "memr1" else {}))
+                 for i, s in samples.items()]
     forks = {"memr1": lambda _: bank.fork(), "usearch_overlay": lambda _: scn.impls["usearch_overlay"].fork(),
              "numpy_copy": lambda _: scn.impls["numpy_copy"].fork()}
     counts = {"memr1": n_ops, "usearch_overlay": n_ops, "numpy_copy": 20 if scn.size >= 100_000 else n_slow}
@@ -84,17 +91,24 @@ def summary(rows: list[dict]) -> list[str]:
         if phase != "fresh":
             lines.append(f"search {impl} {layout} {size:,} {phase}: {r['p50_us'] / fresh:.2f}x fresh p50 "
                          f"(delta {r['delta_rows']:,}, dead {r['dead_rows']:,}), recall {r['recall_at_k']:.3f}")
-    dead = {(r["impl"], r["dead_rows"]): r["p50_us"] for r in rows if r["op"] == "search_vs_dead"}
-    for (impl, d), p50 in sorted(dead.items()):
-        if d:
-            lines.append(f"search {impl} with {d:,} dead base rows: {p50 / dead[(impl, 0)]:.2f}x none")
+    dirty = {(r["impl"], r["changes"]): r for r in rows if r["op"] == "search_vs_dirty"}
+    for (impl, c), r in sorted(dirty.items()):
+        if c:
+            lines.append(f"search {impl} after {c:,} changes (delta {r['delta_rows']:,}, dead {r['dead_rows']:,}): "
+                         f"{r['p50_us'] / dirty[(impl, 0)]['p50_us']:.2f}x none")
+    for r in rows:
+        if r["op"] == "phase_ops":
+            lines.append(f"memr1 {r['layout']} {r['bank_size']:,} after_ops ops: p50 {r['p50_us']:.2f} us, p99 "
+                         f"{r['p99_us']:.2f} us, max {r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.1f} us; "
+                         f"{r['compacted']} compaction(s), threshold {r['auto_compact_at']} dirty rows")
     roll = {(r["op"], r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"].startswith("fork_")}
     for (op, impl, size, group), p50 in sorted(roll.items()):
         if impl != "memr1":
             lines.append(f"{op} {size:,} G={group}: {impl} / memr1 = {p50 / roll[(op, 'memr1', size, group)]:.2f}x")
     for r in rows:
         if r["impl"] == "memr1" and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
-            lines.append(f"memr1 {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us")
+            lines.append(f"memr1 {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, max "
+                         f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us ({r.get('compacted', 0)} compacted)")
         if r["op"] == "search_threads" and r["threads"] > 1:
             lines.append(f"{r['impl']} {r['layout']} search, {r['threads']} threads: {r['scaling']:.2f}x one "
                          f"thread's qps, CPU {r['cpu_per_wall']:.2f}x wall")
@@ -111,6 +125,9 @@ def main(argv=None) -> int:
     p.add_argument("--ops-per-fork", type=int, default=3)
     p.add_argument("--oversample", type=float, default=2.0, help="the overlay's k multiple (memr1's default)")
     p.add_argument("--hnsw-threshold", type=int, default=BankConfig(dim=DIM).hnsw_threshold)
+    p.add_argument("--auto-compact-ratio", type=float, default=BankConfig(dim=DIM).auto_compact_ratio,
+                   help="memr1's automatic compaction threshold over its base rows (0: off)")
+    p.add_argument("--auto-compact-min-rows", type=int, default=BankConfig(dim=DIM).auto_compact_min_rows)
     args = p.parse_args(argv)
     q = args.quick
     settings = {"disk_sizes": args.sizes or ([1_000, 10_000] if q else [1_000, 10_000, 100_000]),
@@ -120,10 +137,13 @@ def main(argv=None) -> int:
                 "queries": 50 if q else 200, "n_search": 60 if q else 400, "n_ops": 1000 if q else 5000,
                 "n_slow": 100 if q else 500, "rounds": 4, "rollout_rounds": 5 if q else 11,
                 "thread_searches": 48 if q else 240, "compact_reps": 1 if q else 3,
-                "dead_counts": [0, 64, 256] if q else [0, 64, 256, 1024, 4096], "overlay_oversample": args.oversample,
+                "dirty_changes": [0, 100, 400, 1000] if q else [0, 500, 1000, 2000, 4000, 6000],
+                "overlay_oversample": args.oversample,
                 "sweep_sizes": [2_000, 4_000, 8_000, 16_000, 32_000], "dim": DIM,
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-                "bank": msgspec.structs.asdict(BankConfig(dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold))}
+                "bank": msgspec.structs.asdict(BankConfig(
+                    dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold,
+                    auto_compact_ratio=args.auto_compact_ratio, auto_compact_min_rows=args.auto_compact_min_rows))}
     s = settings
     config = BankConfig(**s["bank"])
     rows = []
@@ -140,8 +160,8 @@ def main(argv=None) -> int:
                 if "phases" in args.only:
                     rows += phase_rows(scn, s["k"], s["queries"], s["n_search"], s["rounds"], s["compact_reps"])
                     if largest and layout == "disk" and size >= config.hnsw_threshold:
-                        rows += dead_sweep_rows(scn, s["k"], s["queries"], s["n_search"] // 2, s["rounds"],
-                                                s["dead_counts"])
+                        rows += dirty_sweep_rows(scn, s["k"], s["queries"], s["n_search"] // 2, s["rounds"],
+                                                 s["dirty_changes"])
                 if "phases" in args.only and layout == "disk":
                     rows += op_rows(scn, s["n_ops"], s["n_slow"], s["rounds"])
                 scn.close()
@@ -152,8 +172,8 @@ def main(argv=None) -> int:
                 rows += rollout_rows(scn, s["groups"], s["ops_per_fork"], s["k"], s["rollout_rounds"])
     if "sweep" in args.only and not q:
         rows += threshold_sweep(s["sweep_sizes"], s["n_slow"])
-    print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "n",
-                       "recall_at_k", "delta_rows", "dead_rows", "qps"])
+    print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "max_us",
+                       "n", "recall_at_k", "delta_rows", "dead_rows", "compacted", "qps"])
     for line in summary(rows):
         print("  " + line)
     print(f"  ({time.perf_counter() - t0:.0f}s)")

@@ -4,13 +4,18 @@ the float64 truth (bench.memory_impls) for every impl and phase.
 Phases (row key `phase`): `fresh` (as built); `after_ops` (n updates of base rows, then n deletes of
 other base rows, n = min(2,000, size / 10)); `after_compact` (each impl folded its changes into a new
 base: memr1's compact(), a rebuilt index for the overlay, the dead rows dropped for numpy; usearch used
-as the bank has no compaction, so it has no such row). Each cost is timed where it lands: search per
-phase, `compact` per impl and size, the ops themselves in bench.memory_ops' op rows.
+as the bank has no compaction, so it has no such row). memr1 compacts on its own past its
+BankConfig.auto_compact_* threshold (`auto_compact_at` rows, `compactions` so far); `memr1_auto_off` is
+a fork of the fresh bank given the same ops, which never compacts on its own: the bank without the
+policy. Each cost is timed where it lands: search per phase, `compact` per impl and size, memr1's
+after_ops ops one by one (`phase_ops`: p50, p99, max and mean, compactions included), the other ops in
+bench.memory_ops' op rows. `search_vs_dirty` rows time search on forks of the compacted bank against
+the rows a compaction would fold (half updates, half deletes of base rows): where the threshold sits.
 
 Layouts (row key `layout`): `disk`, a bank bulk-loaded with from_arrays (an HNSW base from
 hnsw_threshold rows on, the graph every usearch impl here opens too); `memory`, the trainer's banks
-(rl/: MemoryBank.create(None) and one Add per row, so every row lives in the delta and search scans it
-exactly; the overlay indexes the same rows itself).
+(rl/: MemoryBank.create(None) and one Add per row, so rows live in the delta and search scans them
+exactly, until the bank compacts itself past auto_compact_min_rows; the overlay indexes the same rows).
 """
 import time
 from pathlib import Path
@@ -85,36 +90,56 @@ class Scenario:
         obj = self.impls[impl]
         if impl != "memr1":
             return {**obj.stats(), "mode": "exact" if impl == "numpy_copy" else "hnsw"}
-        s = obj.stats()
-        mode = "hnsw" if s["hnsw_speakers"] else "exact"
-        return {"delta_rows": s["delta_rows"], "dead_rows": s["base_dead"], "base_rows": s["base_rows"], "mode": mode}
+        return bank_stats(obj)
 
     def close(self):
         self.impls["memr1"].close()
+
+
+def bank_stats(bank) -> dict:
+    s = bank.stats()
+    return {"delta_rows": s["delta_rows"], "dead_rows": s["base_dead"], "base_rows": s["base_rows"],
+            "mode": "hnsw" if s["hnsw_speakers"] else "exact", "auto_compact_at": bank.auto_compact_at,
+            "compactions": bank.compactions}
 
 
 def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int, reps: int) -> list[dict]:
     queries = scn.queries(n_queries)
     rows = []
     shape = {"layout": scn.layout, "k": k, "n_updates": 0, "n_deletes": 0}
+    bank, off = scn.impls["memr1"], scn.impls["memr1"].fork()
 
     def measure(phase: str, impls: list[str]):
         truth = truth_topk(queries, [scn.truth] * len(queries), k)
-        fns = {impl: scn.search_fn(impl, k) for impl in impls}
+        fns = {impl: scn.search_fn(impl, k) for impl in impls if impl in scn.impls}
+        if phase != "after_compact":
+            fns["memr1_auto_off"] = lambda q: off.search(q, k).ids
         hits = {impl: recall([fn(q) for q in queries], truth, k) for impl, fn in fns.items()}
         samples = alternate({impl: (lambda i, fn=fn: fn(queries[i % len(queries)])) for impl, fn in fns.items()},
                             n_search, rounds)
-        for impl in impls:
+        for impl in fns:
             built = {"build_s": scn.build_s.get(impl)} if phase == "fresh" else {}  # the index the overlay needs
+            stats = bank_stats(off) if impl == "memr1_auto_off" else scn.stats(impl)
             rows.append(row(impl, "search", scn.size, samples[impl], phase=phase, recall_at_k=hits[impl],
-                            live=len(scn.impls["memr1"]), **shape, **scn.stats(impl), **built))
+                            live=len(bank), **shape, **stats, **built))
 
     measure("fresh", list(scn.impls))
+    timed_ops, before = [], bank.compactions
     for op in scn.ops:
         scn.truth.apply(op)
+        off.apply(as_memr1(op))
         for impl, obj in scn.impls.items():
-            obj.apply(as_memr1(op) if impl == "memr1" else op)
+            if impl == "memr1":
+                mine = as_memr1(op)
+                t = time.perf_counter_ns()
+                obj.apply(mine)
+                timed_ops.append(time.perf_counter_ns() - t)
+            else:
+                obj.apply(op)
     shape.update(n_updates=sum(op[0] == UPDATE for op in scn.ops), n_deletes=sum(op[0] == DELETE for op in scn.ops))
+    rows.append(row("memr1", "phase_ops", scn.size, timed_ops, layout=scn.layout, n_updates=shape["n_updates"],
+                    n_deletes=shape["n_deletes"], compacted=bank.compactions - before,
+                    auto_compact_at=bank.auto_compact_at))
     measure("after_ops", list(scn.impls))
     rows += compact_rows(scn, reps)
     measure("after_compact", [impl for impl in scn.impls if impl != "usearch"])
@@ -142,16 +167,19 @@ def compact_rows(scn: Scenario, reps: int) -> list[dict]:
             for impl, ns in samples.items()]
 
 
-def dead_sweep_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int,
-                    counts: list[int]) -> list[dict]:
-    """Search p50 against the number of base rows deleted since the base was built, on forks of the
-    compacted bank: where a compaction threshold would have to sit to hold search near the fresh p50."""
+def dirty_sweep_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int,
+                     counts: list[int]) -> list[dict]:
+    """Search p50 against c changes of base rows since the base was built (c/2 updates, c/2 deletes:
+    1.5c dirty rows), on forks of the compacted bank, which never compact on their own: where a
+    compaction threshold has to sit to hold search near the fresh p50."""
     queries = clustered(n_queries, seed=scn.size + 4)
     rows = []
-    for d in [c for c in counts if c <= scn.size // 10]:
-        gone = [(DELETE, i, None) for i in scn.live_ids[:d]]
+    for c in [c for c in counts if c <= scn.size // 10]:
+        ids = scn.live_ids[:c]
+        changes = ([(UPDATE, i, scn.pool[j % len(scn.pool)]) for j, i in enumerate(ids[:c // 2])] +
+                   [(DELETE, i, None) for i in ids[c // 2:]])
         truth, bank, overlay = scn.truth.fork(), scn.impls["memr1"].fork(), scn.impls["usearch_overlay"].fork()
-        for op in gone:
+        for op in changes:
             truth.apply(op)
             bank.apply(as_memr1(op))
             overlay.apply(op)
@@ -160,6 +188,10 @@ def dead_sweep_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds
         hits = {impl: recall([fn(q) for q in queries], want, k) for impl, fn in fns.items()}
         samples = alternate({impl: (lambda i, fn=fn: fn(queries[i % len(queries)])) for impl, fn in fns.items()},
                             n_search, rounds)
-        rows += [row(impl, "search_vs_dead", scn.size, samples[impl], layout=scn.layout, k=k, dead_rows=d,
-                     recall_at_k=hits[impl]) for impl in fns]
+        stats = {"memr1": bank_stats(bank), "usearch_overlay": overlay.stats()}
+        for impl in fns:
+            st = stats[impl]
+            rows.append(row(impl, "search_vs_dirty", scn.size, samples[impl], layout=scn.layout, k=k, changes=c,
+                            delta_rows=st["delta_rows"], dead_rows=st["dead_rows"],
+                            dirty_rows=st["delta_rows"] + st["dead_rows"], recall_at_k=hits[impl]))
     return rows

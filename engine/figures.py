@@ -19,8 +19,8 @@ PHASE_COLORS = {"generate": "tab:blue", "score": "tab:orange", "train": "tab:gre
 
 
 def smooth(y: np.ndarray) -> np.ndarray:
-    """Trailing mean over ~5% of the steps (at least 1, at most 25); NaN-aware."""
-    w = max(1, min(25, len(y) // 20))
+    """Trailing mean over ~5% of the steps (3 to 25; none below 6 steps); NaN-aware."""
+    w = min(25, max(3, len(y) // 20)) if len(y) >= 6 else 1
     if w == 1:
         return y.copy()
     ok = ~np.isnan(y)

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 from memr1.engine import figures, throughput
-from memr1.engine.traces import format_trace, summarize_trace
+from memr1.engine.traces import profile_section
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.stats import bootstrap_mean, paired_bootstrap
 
@@ -196,7 +196,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
                f"MFU: {summary['overall']['mfu_note']}.", ""]
 
     body += _eval_section(run_dir, cfg, evals, out, figs, summary, missing)
-    body += _profile_section(cfg, stages, traces, summary, missing)
+    body += profile_section(cfg, stages, traces, summary, missing)
     summary["figures"] = [{"file": f, "shows": d} for f, d in figs]
     summary["missing"] = missing
     md[2:2] = ["## Missing", "", *([f"- {m}" for m in missing] or ["- nothing"]), ""]
@@ -249,36 +249,6 @@ def _eval_section(run_dir: Path, cfg: dict, evals: dict, out: Path, figs: list, 
     if not any((r.get("latency") or {}).get("answer", {}).get("samples_s") for r in main.values()):
         missing.append("eval latency samples: none (reports written before samples were kept): p50/p95 only")
     return lines + [f"![{f}]({f})", ""]
-
-
-def _profile_section(cfg: dict, stages: dict, traces: list[Path], summary: dict, missing: list[str]) -> list[str]:
-    wanted = (cfg.get("profile") or {}).get("steps") or []
-    for name, s in stages.items():
-        last = max((r["step"] for r in s["rows"]), default=0)
-        for n in wanted:
-            if n <= last and not any(lo <= n <= hi for lo, hi in _spans(traces, name)):
-                missing.append(f"profile: no trace of stage {name} step {n}")
-    if not traces:
-        return []
-    lines = ["## Profiler traces", ""]
-    for t in traces:
-        try:
-            s = summarize_trace(t)
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError) as e:
-            missing.append(f"profile/{t.parent.name}/{t.name}: unreadable ({type(e).__name__})")
-            continue
-        summary["profile"].append(s)
-        lines += [f"### {t.parent.name}/{t.name}", "", *format_trace(s), ""]
-    return lines
-
-
-def _spans(traces: list[Path], stage: str) -> list[tuple[int, int]]:
-    out = []
-    for t in traces:
-        parts = t.stem[5:].split("-")
-        if t.parent.name == stage and all(p.isdigit() for p in parts):
-            out.append((int(parts[0]), int(parts[-1])))
-    return out
 
 
 def report_cli(args) -> int:

@@ -71,3 +71,34 @@ def format_trace(summary: dict, top: int = 10) -> list[str]:
             lines += [f"| `{r['name'][:80]}` | {r['count']} | {r['self_ms']:.2f} | {r['total_ms']:.2f} |"
                       for r in summary[key][:top]]
     return lines
+
+
+def profile_section(cfg: dict, stages: dict, traces: list[Path], summary: dict, missing: list[str]) -> list[str]:
+    """report.md's "Profiler traces" section; notes each configured step that left no trace in `missing`."""
+    wanted = (cfg.get("profile") or {}).get("steps") or []
+    for name, s in stages.items():
+        last = max((r["step"] for r in s["rows"]), default=0)
+        for n in wanted:
+            if n <= last and not any(lo <= n <= hi for lo, hi in trace_spans(traces, name)):
+                missing.append(f"profile: no trace of stage {name} step {n}")
+    if not traces:
+        return []
+    lines = ["## Profiler traces", ""]
+    for t in traces:
+        try:
+            s = summarize_trace(t)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError) as e:
+            missing.append(f"profile/{t.parent.name}/{t.name}: unreadable ({type(e).__name__})")
+            continue
+        summary["profile"].append(s)
+        lines += [f"### {t.parent.name}/{t.name}", "", *format_trace(s), ""]
+    return lines
+
+
+def trace_spans(traces: list[Path], stage: str) -> list[tuple[int, int]]:
+    out = []
+    for t in traces:
+        parts = t.stem[5:].split("-")
+        if t.parent.name == stage and all(p.isdigit() for p in parts):
+            out.append((int(parts[0]), int(parts[-1])))
+    return out

@@ -9,8 +9,15 @@ compact() writes base-<gen+1> and an empty log-<gen+1>, then swaps MANIFEST.json
 any point leaves the old or the new generation whole, and the next writer removes the other. Readers
 (mode="r") take a lease on their generation while they open it (storage.py), and copy the log rather
 than map it, so a writer that compacts, closes or deletes an old generation never breaks a reader.
+
+A writable bank (not a fork, not a reader) compacts itself after an op past BankConfig.auto_compact_*.
+Threads: writes take the bank's lock, so no op lands in a state that a compaction is replacing; searches
+take none and run without the GIL, reading (state, segment) as one pair: HNSW candidates always index
+the base they were found in.
 """
 import os
+import threading
+import warnings
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -18,16 +25,15 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import (BankError, BankFormatError, BankIOError, CorruptLog, InvalidInput,
-                                       ReadOnlyBank, UnknownMemoryId)
-from memr1.memory_store.records import (FORMAT, VERSION, Add, AddRecord, BankConfig, Delete, DeleteRecord,
-                                        LogRecord, Manifest, Memory, Noop, Update, UpdateRecord)
+from memr1.memory_store.errors import (BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank,
+                                       UnknownMemoryId)
+from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
 from memr1.memory_store.segment import Segment, memory_segment, open_segment
-from memr1.memory_store.storage import (as_path, check_k, leased, lock, make_config, read_manifest, remove_stale,
-                                        validate_rows, write_generation)
+from memr1.memory_store.storage import (SYNC, as_path, check_k, leased, lock, make_config, new_folder,
+                                        next_generation, read_manifest, remove_stale, validate_rows,
+                                        write_generation)
 
-_SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}
-_records = msgspec.msgpack.Decoder(LogRecord)
+_NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 
 
 class SearchResult(NamedTuple):
@@ -39,10 +45,19 @@ class MemoryBank:
     """Use `create`, `open`, `from_arrays` or `fork`; the constructor is internal."""
 
     def __init__(self, core, config: BankConfig, segment: Segment, path: Path | None = None,
-                 manifest: Manifest | None = None, log=None, read_only: bool = False, lock_fd: int | None = None):
-        self._core, self.config, self._segment = core, config, segment
-        self.path, self._manifest, self._log = path, manifest, log
+                 manifest: Manifest | None = None, log=None, read_only: bool = False, lock_fd: int | None = None,
+                 auto_compact: bool = False):
+        self.config, self.path, self._manifest, self._log = config, path, manifest, log
         self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
+        self._write, self._auto = threading.RLock(), auto_compact
+        self.compactions = 0  # by this object, automatic or not
+        self._install(core, segment)
+
+    def _install(self, core, segment: Segment) -> None:
+        self._core, self._segment, self._view = core, segment, (core, segment)
+        c = self.config
+        self._compact_at = (max(c.auto_compact_min_rows, int(c.auto_compact_ratio * core.base_size))
+                            if self._auto and c.auto_compact_ratio > 0 else _NEVER)
 
     # ---- construction ----
     @classmethod
@@ -70,10 +85,7 @@ class MemoryBank:
         manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
         if path is None:
             return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
-        path = as_path(path)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise BankError(f"cannot create a bank at {path}: it already exists and is not an empty folder")
-        path.mkdir(parents=True, exist_ok=True)
+        path = new_folder(path, "create a bank at")
         write_generation(path, manifest, vectors, memories)
         return cls.open(path, "rw")
 
@@ -82,8 +94,8 @@ class MemoryBank:
         """Open an existing bank. mode "rw" takes the writer lock; "r" reads a snapshot and never writes."""
         if mode not in ("r", "rw"):
             raise InvalidInput(f'mode must be "r" or "rw", got {mode!r}')
-        if fsync is not None and not (isinstance(fsync, str) and fsync in _SYNC):
-            raise InvalidInput(f"fsync must be None or one of {', '.join(map(repr, _SYNC))}, got {fsync!r}")
+        if fsync is not None and not (isinstance(fsync, str) and fsync in SYNC):
+            raise InvalidInput(f"fsync must be None or one of {', '.join(map(repr, SYNC))}, got {fsync!r}")
         path = as_path(path)
         manifest = read_manifest(path)  # before LOCK is created: the folder must be a bank
         if mode == "rw":
@@ -104,12 +116,12 @@ class MemoryBank:
         gen, writer = manifest.generation, lock_fd is not None
         segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
                                manifest.files if manifest.version >= 2 else None)
-        log = _core.OpLog(str(path / f"log-{gen}.oplog"), writer, _SYNC[config.fsync], config.fsync_every)
+        log = _core.OpLog(str(path / f"log-{gen}.oplog"), writer, SYNC[config.fsync], config.fsync_every)
         try:
             if log.generation != gen:
                 raise BankFormatError(f"{path / f'log-{gen}.oplog'} belongs to generation {log.generation}, not {gen}")
-            bank = cls._assemble(config, segment, manifest, path, log if writer else None, not writer, lock_fd)
-            bank._replay(log)
+            bank = cls._assemble(config, segment, manifest, path, log if writer else None, not writer, lock_fd, writer)
+            replay(bank._core, log.payloads(), path)
         except BaseException:
             log.close()
             raise
@@ -118,70 +130,70 @@ class MemoryBank:
         return bank
 
     @classmethod
-    def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None):
+    def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None, auto=True):
         core = _core.State(config.dim, config.max_text_bytes)
         core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
-        return cls(core, config, segment, path, manifest, log, read_only, lock_fd)
-
-    def _replay(self, log) -> None:
-        core = self._core
-        for i, payload in enumerate(log.payloads()):
-            try:
-                rec = _records.decode(payload)
-                if type(rec) is AddRecord:
-                    got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32))
-                    if got != rec.id:
-                        raise BankError(f"add record carries id {rec.id} but replay assigned {got}")
-                elif type(rec) is UpdateRecord:
-                    core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32))
-                elif type(rec) is DeleteRecord:
-                    core.delete(None, rec.id)
-                else:
-                    core.noop(None)
-            except (msgspec.DecodeError, BankError) as e:
-                raise CorruptLog(f"op log record {i} of {self.path} cannot be replayed: {e}", -1) from e
+        return cls(core, config, segment, path, manifest, log, read_only, lock_fd, auto)
 
     # ---- operations ----
     def apply(self, op: Add | Update | Delete | Noop) -> int | None:
         """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
-        if self.read_only or self._closed:
-            self._refuse_write()
-        t = type(op)
-        if t is Add:
-            return self._core.add(self._log, op.text, op.speaker, op.timestamp, op.vector)
-        if t is Update:
-            self._core.update(self._log, op.id, op.text, op.timestamp, op.vector)
-            return op.id
-        if t is Delete:
-            self._core.delete(self._log, op.id)
-            return op.id
-        if t is Noop:
-            self._core.noop(self._log)
-            return None
-        raise InvalidInput(f"not a bank operation: {t.__name__} (expected Add, Update, Delete or Noop)")
+        with self._write:
+            if self.read_only or self._closed:
+                self._refuse_write()
+            core, t = self._core, type(op)
+            if t is Add:
+                out = core.add(self._log, op.text, op.speaker, op.timestamp, op.vector)
+            elif t is Update:
+                core.update(self._log, op.id, op.text, op.timestamp, op.vector)
+                out = op.id
+            elif t is Delete:
+                core.delete(self._log, op.id)
+                out = op.id
+            elif t is Noop:
+                core.noop(self._log)
+                return None
+            else:
+                raise InvalidInput(f"not a bank operation: {t.__name__} (expected Add, Update, Delete or Noop)")
+            if core.dirty > self._compact_at:
+                self._auto_compact()
+            return out
 
     def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
         """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
-        if self.read_only or self._closed:
-            self._refuse_write()
-        try:
-            ops = iter(ops)
-        except TypeError:
-            raise InvalidInput(f"ops must be an iterable of Add, Update, Delete or Noop, got {type(ops).__name__}") from None
-        child = MemoryBank(self._core.fork(), self.config, self._segment)
-        buffer = _core.BatchBuffer() if self._log is not None else None
-        child._log = buffer
-        results = []
-        for i, op in enumerate(ops):
+        with self._write:
+            if self.read_only or self._closed:
+                self._refuse_write()
             try:
-                results.append(child.apply(op))
-            except BankError as e:
-                e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
-                raise
-        if buffer is not None and len(buffer):
-            self._log.put_batch(buffer)
-        self._core = child._core
-        return results
+                ops = iter(ops)
+            except TypeError:
+                raise InvalidInput(f"ops must be an iterable of Add, Update, Delete or Noop, got {type(ops).__name__}") from None
+            child = MemoryBank(self._core.fork(), self.config, self._segment)
+            buffer = _core.BatchBuffer() if self._log is not None else None
+            child._log = buffer
+            results = []
+            for i, op in enumerate(ops):
+                try:
+                    results.append(child.apply(op))
+                except BankError as e:
+                    e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
+                    raise
+            if buffer is not None and len(buffer):
+                self._log.put_batch(buffer)
+            self._core, self._view = child._core, (child._core, self._segment)
+            if child._core.dirty > self._compact_at:
+                self._auto_compact()
+            return results
+
+    def _auto_compact(self) -> None:
+        """The op is applied and logged whatever happens here, so a compaction the disk refused (a full
+        disk: the bank keeps its generation) is a warning, and the next try waits until the dirty rows
+        have doubled."""
+        try:
+            self.compact()
+        except BankIOError as e:
+            self._compact_at = 2 * self._core.dirty
+            warnings.warn(f"automatic compaction of bank {self.path} failed: {e}", RuntimeWarning, stacklevel=3)
 
     def _refuse_write(self):
         if self._closed:
@@ -194,11 +206,11 @@ class MemoryBank:
         k = check_k(k)
         if speaker is not None and not isinstance(speaker, str):
             raise InvalidInput(f"speaker must be a str or None, got {type(speaker).__name__}")
+        core, segment = self._view
         rows = None
-        if not exact and self._segment.indexes:
-            want = int(k * self.config.hnsw_oversample) + self._core.base_dead
-            rows = self._segment.candidates(vector, want, speaker)
-        ids, scores = self._core.search(vector, k, speaker, rows)
+        if not exact and segment.indexes:
+            rows = segment.candidates(vector, int(k * self.config.hnsw_oversample), speaker, core)
+        ids, scores = core.search(vector, k, speaker, rows)
         return SearchResult(ids, scores)
 
     def get(self, memory_id: int) -> Memory:
@@ -229,59 +241,57 @@ class MemoryBank:
     # ---- forks, compaction, persistence ----
     def fork(self) -> "MemoryBank":
         """O(1) copy-on-write child in memory; its ops never show in this bank or its siblings."""
-        return MemoryBank(self._core.fork(), self.config, self._segment)
+        core, segment = self._view  # one pair, should another thread compact meanwhile
+        return MemoryBank(core.fork(), self.config, segment)
 
     def compact(self) -> None:
-        """Fold the delta into a new base (the one O(n) step). Ids stay the same."""
-        if self.read_only or self._closed:
-            self._refuse_write()
-        memories, vectors = list(self), self._core.live_vectors()
-        manifest = Manifest(FORMAT, VERSION, self.config, (self._manifest.generation + 1) if self._manifest else 1,
-                            self._core.next_id, self._core.lsn, len(memories))
-        if self.path is None:
-            self._segment = memory_segment(vectors, memories, self.config)
-        else:
-            manifest = write_generation(self.path, manifest, vectors, memories)  # the bank is unchanged if it raises
-            try:
-                self._log.close()
-            except BankIOError:
-                pass  # the old log's final sync failed, but the new generation already holds every op
-            remove_stale(self.path, manifest.generation)
-            self._segment = open_segment(self.path / f"base-{manifest.generation}", self.config,
-                                         manifest.speakers_indexed, manifest.base_rows, manifest.files)
-            self._log = _core.OpLog(str(self.path / f"log-{manifest.generation}.oplog"), True,
-                                    _SYNC[self.config.fsync], self.config.fsync_every)
-        self._manifest = manifest
-        self._core.set_base(self._segment.vectors, self._segment.core_rows(), manifest.next_id, manifest.lsn)
+        """Fold the delta into a new base (the one O(n) step). Ids stay the same. Searches running in
+        other threads meanwhile see the old state; the new one replaces it whole."""
+        with self._write:
+            if self.read_only or self._closed:
+                self._refuse_write()
+            core = self._core
+            memories, vectors = [Memory(*row) for row in core.live()], core.live_vectors()
+            manifest = Manifest(FORMAT, VERSION, self.config, (self._manifest.generation + 1) if self._manifest else 1,
+                                core.next_id, core.lsn, len(memories))
+            if self.path is None:
+                segment = memory_segment(vectors, memories, self.config)
+            else:  # the bank is unchanged if this raises before the new manifest is committed
+                manifest, segment, self._log = next_generation(self.path, manifest, vectors, memories, self._log)
+            self._manifest = manifest
+            fresh = _core.State(self.config.dim, self.config.max_text_bytes)
+            fresh.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
+            self._install(fresh, segment)
+            self.compactions += 1
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
-        path = as_path(path)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise BankError(f"cannot save a bank to {path}: it already exists and is not an empty folder")
-        path.mkdir(parents=True, exist_ok=True)
-        memories = list(self)
-        manifest = Manifest(FORMAT, VERSION, self.config, 0, self._core.next_id, self._core.lsn, len(memories))
-        write_generation(path, manifest, self._core.live_vectors(), memories)
+        path = new_folder(path, "save a bank to")
+        core = self._core.fork()  # one state for both reads, whatever other threads apply meanwhile
+        memories = [Memory(*row) for row in core.live()]
+        manifest = Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories))
+        write_generation(path, manifest, core.live_vectors(), memories)
         return MemoryBank.open(path, "rw")
 
     def sync(self) -> None:
-        if self._log is not None and not self.read_only:
-            self._log.sync()
+        with self._write:
+            if self._log is not None and not self.read_only:
+                self._log.sync()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self._log is not None:
-                self._log.close()
-            if self._lock_fd is not None:
-                remove_stale(self.path, self._manifest.generation)  # generations readers held at compaction
-        finally:
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+        with self._write:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._log is not None:
+                    self._log.close()
+                if self._lock_fd is not None:
+                    remove_stale(self.path, self._manifest.generation)  # generations readers held at compaction
+            finally:
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)
+                    self._lock_fd = None
 
     def __enter__(self) -> "MemoryBank":
         return self
@@ -294,6 +304,11 @@ class MemoryBank:
         return self.config.dim
 
     def stats(self) -> dict:
-        c = self._core
+        c, segment = self._view
         return {"live": c.size, "base_rows": c.base_size, "delta_rows": c.delta_len, "base_dead": c.base_dead,
-                "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(self._segment.indexes)}
+                "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(segment.indexes)}
+
+    @property
+    def auto_compact_at(self) -> int | None:
+        """The next op compacts once delta_rows + base_dead (stats) exceed this; None: never on its own."""
+        return None if self._compact_at == _NEVER else self._compact_at

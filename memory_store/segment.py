@@ -37,16 +37,28 @@ class Segment:
     def __len__(self) -> int:
         return len(self.memories)
 
-    def candidates(self, query: np.ndarray, count: int, speaker: str | None) -> np.ndarray | None:
-        """Base rows worth scoring exactly, or None when the whole base is small enough to scan."""
+    def candidates(self, query: np.ndarray, count: int, speaker: str | None, core) -> np.ndarray | None:
+        """Base rows worth scoring exactly (at least `count` live ones from each HNSW index that holds
+        that many), or None when the whole base is small enough to scan. `core`: the state searched."""
         if not self.indexes:
             return None
         speakers = [speaker] if speaker is not None else list(self.rows_by_speaker)
+        dead = core.base_dead
+        # Dead rows are skipped after the graph search, so ask for enough that `count` live ones are
+        # likely among the candidates at the base's dead fraction, then for twice as many until they are
+        # there. Asking for one extra candidate per dead row instead costs a 1e5 search 50x after 4,000.
+        want = count if not dead else int(count * len(self) / max(1, len(self) - dead) * 1.25) + 4
         parts = []
         for s in speakers:
             index = self.indexes.get(s)
             if index is not None:
-                parts.append(index.search(query, min(count, len(index))).keys.astype(np.int64))
+                n, ask = len(index), want
+                while True:
+                    keys = index.search(query, min(ask, n)).keys.astype(np.int64)
+                    if not dead or ask >= n or core.count_live_rows(keys) >= count:
+                        break
+                    ask *= 2
+                parts.append(keys)
             elif s in self.rows_by_speaker:
                 parts.append(self.rows_by_speaker[s])
         return np.concatenate(parts) if parts else np.empty(0, np.int64)

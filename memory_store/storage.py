@@ -25,10 +25,11 @@ import numpy as np
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.records import FORMAT, READS_VERSIONS, BankConfig, Manifest
-from memr1.memory_store.segment import fsync_path, write_segment
+from memr1.memory_store.segment import fsync_path, open_segment, write_segment
 
 _FIELD = re.compile(r"at `\$\.(\w+)`")
 _CHOICES = ("fsync", "hnsw_dtype")  # the Literal fields, whose msgspec error does not list the choices
+SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}  # the fsync policies' codes in the native OpLog
 _OPEN_TRIES = 100  # generations a reader may see replaced under it while opening before it gives up
 
 
@@ -36,6 +37,15 @@ def as_path(path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidInput(f"path must be a str or os.PathLike, got {type(path).__name__}")
     return Path(path)
+
+
+def new_folder(path, doing: str) -> Path:
+    """`path` as an empty folder, made if missing; BankError if it exists with anything in it."""
+    path = as_path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def check_k(k) -> int:
@@ -131,6 +141,22 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
     except OSError as e:
         raise BankIOError(f"bank {path}: cannot sync its folder: {e.strerror}", e.errno or 0) from None
     return manifest
+
+
+def next_generation(path: Path, manifest: Manifest, vectors, memories, old_log) -> tuple:
+    """Compaction on disk: commit the next generation, then close the old log and open the new segment and
+    log. Returns (manifest, segment, log)."""
+    manifest = write_generation(path, manifest, vectors, memories)
+    try:
+        old_log.close()
+    except BankIOError:
+        pass  # the old log's final sync failed, but the new generation already holds every op
+    remove_stale(path, manifest.generation)
+    config = manifest.config
+    segment = open_segment(path / f"base-{manifest.generation}", config, manifest.speakers_indexed,
+                           manifest.base_rows, manifest.files)
+    log = _core.OpLog(str(path / f"log-{manifest.generation}.oplog"), True, SYNC[config.fsync], config.fsync_every)
+    return manifest, segment, log
 
 
 def read_manifest(path: Path) -> Manifest:

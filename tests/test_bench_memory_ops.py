@@ -1,5 +1,6 @@
 """bench.memory_ops: the baselines and the float64 truth answer what they claim, and a --quick run writes
-every row layout the issue asks for (phases, compaction, fork rollouts, threads) with measured recall."""
+every row layout the issue asks for (phases with automatic compaction on and off, compaction, fork
+rollouts, threads) with measured recall."""
 import json
 
 import numpy as np
@@ -76,10 +77,13 @@ def test_recall_is_measured_not_assumed():
     assert recall([forgot_the_delete.search(q, 10) for q in queries], want, 10) < 1.0
 
 
+MIN_ROWS = 1000  # a floor the quick sizes cross, so that the quick run compacts on its own
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "memory_ops.json"
-    assert main(["--quick", "--json", str(out)]) == 0
+    assert main(["--quick", "--auto-compact-min-rows", str(MIN_ROWS), "--json", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -88,6 +92,7 @@ def test_quick_run_has_provenance_and_every_bank_setting(quick):
     assert {"commit", "time", "argv"} <= set(quick["machine"])
     bank = quick["settings"]["bank"]
     assert set(bank) == set(BankConfig.__struct_fields__)
+    assert bank["auto_compact_min_rows"] == MIN_ROWS and bank["auto_compact_ratio"] == BankConfig(dim=1).auto_compact_ratio
     assert sum(quick["settings"]["op_mix"].values()) == pytest.approx(1.0)
 
 
@@ -95,15 +100,18 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
     search = [r for r in quick["rows"] if r["op"] == "search"]
     cases = {(r["impl"], r["layout"], r["bank_size"]) for r in search}
     assert {layout for _, layout, _ in cases} == {"disk", "memory"}
-    assert {impl for impl, _, _ in cases} == {"memr1", "usearch", "usearch_overlay", "numpy_copy"}
+    assert {impl for impl, _, _ in cases} == {"memr1", "memr1_auto_off", "usearch", "usearch_overlay", "numpy_copy"}
     for impl, layout, size in cases:
         phases = {r["phase"]: r for r in search if (r["impl"], r["layout"], r["bank_size"]) == (impl, layout, size)}
-        want = {"fresh", "after_ops"} | (set() if impl == "usearch" else {"after_compact"})
+        want = {"fresh", "after_ops"} | (set() if impl in ("usearch", "memr1_auto_off") else {"after_compact"})
         assert set(phases) == want, (impl, layout, size)
         for r in phases.values():
             assert 0.0 <= r["recall_at_k"] <= 1.0 and r["p50_us"] > 0
-            # exact scans and exactly re-scored candidates miss little; usearch alone ranks by i8 distances
-            assert r["recall_at_k"] >= (0.9 if impl == "usearch" else 0.98), r
+            # exact scans and exactly re-scored candidates miss little; usearch alone ranks by i8 distances.
+            # The overlay's own graphs of 100-1,000 rows lose a few % when usearch's multi-threaded build
+            # leaves a node unreachable, which it does now and then.
+            floor = {"usearch": 0.9, "usearch_overlay": 0.95}.get(impl, 0.98)
+            assert r["recall_at_k"] >= floor, r
             assert isinstance(r["delta_rows"], int) and isinstance(r["dead_rows"], int)
         after = phases["after_ops"]
         assert after["n_updates"] > 0 and after["n_deletes"] > 0
@@ -112,16 +120,29 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
             assert after["dead_rows"] == changed
         if impl == "numpy_copy":
             assert after["dead_rows"] == after["n_deletes"]
-        if impl == "memr1":
-            fresh_delta = size if layout == "memory" else 0
-            assert after["delta_rows"] == fresh_delta + after["n_updates"]
+        fresh_delta = size if layout == "memory" else 0
+        if impl == "memr1_auto_off":  # a fork: it never compacts on its own
+            assert after["delta_rows"] == fresh_delta + after["n_updates"] and after["compactions"] == 0
             assert after["dead_rows"] == (0 if layout == "memory" else after["n_updates"] + after["n_deletes"])
+        if impl == "memr1":
+            ops = next(r for r in quick["rows"] if r["op"] == "phase_ops" and (r["layout"], r["bank_size"]) == (layout, size))
+            assert ops["n"] == changed and ops["max_us"] >= ops["p99_us"] >= ops["p50_us"] > 0
+            assert ops["compacted"] == after["compactions"] - phases["fresh"]["compactions"]
+            # past the threshold an op compacts, so after the ops the bank is within it
+            assert after["delta_rows"] + after["dead_rows"] <= after["auto_compact_at"]
+            if ops["compacted"] == 0:
+                assert after["delta_rows"] == fresh_delta + after["n_updates"]
             assert phases["after_compact"]["delta_rows"] == phases["after_compact"]["dead_rows"] == 0
     # recall is measured: the i8 graph without exact re-scoring does not find every true neighbour
     assert min(r["recall_at_k"] for r in search if r["impl"] == "usearch") < 1.0
     compact = {(r["impl"], r["layout"], r["bank_size"]) for r in quick["rows"] if r["op"] == "compact"}
-    assert compact == {c for c in cases if c[0] != "usearch"}
-    assert any(r["op"] == "search_vs_dead" and r["dead_rows"] > 0 for r in quick["rows"])
+    assert compact == {c for c in cases if c[0] not in ("usearch", "memr1_auto_off")}
+    dirty = [r for r in quick["rows"] if r["op"] == "search_vs_dirty"]
+    assert {r["impl"] for r in dirty} == {"memr1", "usearch_overlay"}
+    assert any(r["impl"] == "memr1" and r["delta_rows"] > 0 and r["dead_rows"] > 0 for r in dirty)
+    # the quick sizes cross MIN_ROWS during the after_ops phase, on disk (1e4) and in memory (1e3)
+    compacted = {(r["layout"], r["bank_size"]) for r in quick["rows"] if r["op"] == "phase_ops" and r["compacted"]}
+    assert {layout for layout, _ in compacted} == {"disk", "memory"}
 
 
 def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
@@ -138,4 +159,8 @@ def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
     ops = {(r["impl"], r["op"], r["bank_size"]) for r in rows}
     for size in quick["settings"]["disk_sizes"]:
         assert {("memr1", op, size) for op in ("add", "update", "delete", "noop", "fork")} <= ops
+        for r in rows:
+            if r["impl"] == "memr1" and r["op"] in ("add", "update", "delete", "noop") and r["bank_size"] == size:
+                assert isinstance(r["compacted"], int) and r["auto_compact_at"] >= MIN_ROWS
+                assert r["max_us"] >= r["p50_us"] and r["mean_us"] > 0
         assert {("usearch_overlay", "fork", size), ("numpy_copy", "fork", size)} <= ops

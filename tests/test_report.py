@@ -131,3 +131,12 @@ def test_throughput_shares_rates_and_mfu():
     assert "table" in throughput.summarize(rows, "cuda")["mfu_note"]
     assert throughput.bf16_peak("NVIDIA H200") == 989e12 and throughput.bf16_peak("NVIDIA L40S") == 362e12
     assert throughput.bf16_peak("AMD EPYC") is None
+
+
+def test_smoothing_averages_short_runs_too():
+    from memr1.engine.figures import smooth
+    y = np.array([0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0])  # a 15-step stage
+    s = smooth(y)
+    assert s.shape == y.shape and s[0] == y[0]
+    assert np.allclose(s[2:], [np.mean(y[i - 2:i + 1]) for i in range(2, len(y))])  # trailing mean of 3
+    assert np.array_equal(smooth(y[:5]), y[:5])                                     # too short to smooth

@@ -3,8 +3,10 @@
 // A bank's state is two persistent (copy-on-write) 32-way tries: `ids` maps a memory id to its live
 // Record, `delta` lists every Record written since the base segment was built. A fork copies two root
 // pointers, and a write copies only the 4-5 trie nodes on its path when they are shared with a fork, so
-// every op is O(log32 n): at most 5 levels up to 32M ids. All calls run under the Python GIL, which is
-// why reference counts are plain integers.
+// every op is O(log32 n): at most 5 levels up to 32M ids. Every write and every reference-count change
+// runs under the Python GIL, which is why reference counts are plain integers. A search releases the GIL
+// while it scans a private fork (a snapshot taken under the GIL): a concurrent writer then finds the
+// snapshot's nodes shared (rc > 1) and copies them before writing, so the scan never sees a change.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -70,6 +72,8 @@ class Trie {
   Record* get(uint64_t i) const;
   void set(uint64_t i, Record* r);  // takes over one reference to r; releases the old value
   template <class F> void for_each(F&& f) const { if (root_) walk(root_, shift_, f); }  // index order
+  // f(slots) per leaf: its 32 Record* slots (null where empty), in index order.
+  template <class F> void for_each_leaf(F&& f) const { if (root_) walk_leaves(root_, shift_, f); }
  private:
   template <class F> static void walk(const Node* n, int shift, F& f) {
     for (void* s : n->slot) {
@@ -77,6 +81,11 @@ class Trie {
       if (shift == 0) f(static_cast<Record*>(s));
       else walk(static_cast<const Node*>(s), shift - 5, f);
     }
+  }
+  template <class F> static void walk_leaves(const Node* n, int shift, F& f) {
+    if (shift == 0) { f(n->slot); return; }
+    for (void* s : n->slot)
+      if (s) walk_leaves(static_cast<const Node*>(s), shift - 5, f);
   }
   Node* root_ = nullptr;
   int shift_ = 0;                   // bits below the root level
@@ -100,7 +109,7 @@ struct Base {
   // Per-row copies of what the search loop reads, contiguous so the scan never chases record pointers.
   std::vector<float> inv_norms;
   std::vector<uint32_t> speakers;
-  std::shared_ptr<void> keepalive; // holds the Python buffer alive
+  std::shared_ptr<void> keepalive; // holds the Python buffer alive (its deleter takes the GIL)
   ~Base() { for (auto* r : rows) release(r); }
 };
 
@@ -135,6 +144,9 @@ class State {
   int64_t delta_len() const { return delta_len_; }
   int64_t base_dead() const { return base_dead_; }
   int64_t base_size() const { return base_ ? base_->n : 0; }
+  // Rows a search pays extra for until compaction: the delta it scans, the base rows it must skip.
+  int64_t dirty() const { return delta_len_ + base_dead_; }
+  int64_t count_live_rows(const int64_t* rows, size_t n) const;
 
   static void validate_vector(const float* v, int dim, float* inv_norm);
 

@@ -1,5 +1,7 @@
 // Python bindings of the native core. Errors become the exception classes of
 // memr1.memory_store.errors, so callers catch one hierarchy whether Python or C++ raised.
+// Long pure-C++ work (searches, checksums, log scans, norms and copies) runs with the GIL released and
+// touches no Python object meanwhile; its inputs are copied or owned by C++ before the release.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -81,6 +83,9 @@ py::tuple hits_to_arrays(const std::vector<Hit>& hits) {
   return py::make_tuple(ids, scores);
 }
 
+// Below this many multiply-adds a search keeps the GIL: handing it back can cost more than the scan.
+constexpr size_t kReleaseWork = size_t(1) << 16;
+
 std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
   auto base = std::make_shared<Base>();
   base->n = static_cast<int64_t>(py::len(rows));
@@ -89,7 +94,11 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
         vectors.shape(0) != base->n || vectors.shape(1) != dim || !(vectors.flags() & py::array::c_style))
       throw BadInput("base vectors must be a C-contiguous float32 array of shape (rows, dim)");
     base->vectors = static_cast<const float*>(vectors.data());
-    base->keepalive = std::shared_ptr<void>(new py::object(vectors), [](void* p) { delete static_cast<py::object*>(p); });
+    // The last owner may drop the base without the GIL (a search's snapshot); the deleter takes it.
+    base->keepalive = std::shared_ptr<void>(new py::object(vectors), [](void* p) {
+      py::gil_scoped_acquire gil;
+      delete static_cast<py::object*>(p);
+    });
   }
   base->rows.reserve(static_cast<size_t>(base->n));
   for (int64_t i = 0; i < base->n; ++i) {
@@ -105,12 +114,18 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
     if (r->has_prev) r->prev_text = t[6].cast<std::string>();
     r->base_row = i;
     r->vec = base->vectors + i * dim;
-    double ss = 0;
-    for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
-    r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
     base->rows.push_back(r);
-    base->inv_norms.push_back(r->inv_norm);
     base->speakers.push_back(r->speaker);
+  }
+  base->inv_norms.resize(static_cast<size_t>(base->n));
+  {
+    py::gil_scoped_release nogil;  // O(n * dim), on records no other thread can see yet
+    for (Record* r : base->rows) {
+      double ss = 0;
+      for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
+      r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
+      base->inv_norms[static_cast<size_t>(r->base_row)] = r->inv_norm;
+    }
   }
   return base;
 }
@@ -135,10 +150,12 @@ PYBIND11_MODULE(_core, m) {
   });
 
   m.def("crc32c", [](py::buffer b) {
-    py::buffer_info info = b.request();
+    py::buffer_info info = b.request();  // the export keeps the buffer from being resized or freed
+    py::gil_scoped_release nogil;
     return crc32c(0, info.ptr, static_cast<size_t>(info.size * info.itemsize));
   });
-  m.def("file_crc32c", &file_crc32c, py::arg("path"), "(size, CRC32C) of a file");
+  m.def("file_crc32c", &file_crc32c, py::arg("path"), "(size, CRC32C) of a file",
+        py::call_guard<py::gil_scoped_release>());
 
   py::class_<RecordSink>(m, "RecordSink");
   py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
@@ -146,8 +163,12 @@ PYBIND11_MODULE(_core, m) {
       .def("__len__", [](const BatchBuffer& b) { return b.records.size(); });
 
   py::class_<OpLog, RecordSink>(m, "OpLog")
-      .def(py::init<const std::string&, bool, int, int64_t>(), py::arg("path"), py::arg("writable"),
-           py::arg("sync"), py::arg("sync_every"))
+      // Opening scans and checksums the whole log. The OpLog methods that release the GIL (open, sync,
+      // put_batch, close) are called by one thread at a time: MemoryBank's writer lock.
+      .def(py::init([](const std::string& path, bool writable, int sync, int64_t sync_every) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<OpLog>(path, writable, sync, sync_every);
+           }), py::arg("path"), py::arg("writable"), py::arg("sync"), py::arg("sync_every"))
       .def_static("create", &OpLog::create, py::arg("path"), py::arg("generation"))
       .def("payloads", [](const OpLog& log) {  // zero-copy views, valid until close()
         py::list out;
@@ -155,9 +176,9 @@ PYBIND11_MODULE(_core, m) {
           out.append(py::memoryview::from_memory(static_cast<const void*>(log.data() + off), static_cast<py::ssize_t>(len)));
         return out;
       })
-      .def("put_batch", &OpLog::put_batch)
-      .def("sync", &OpLog::sync)
-      .def("close", &OpLog::close)
+      .def("put_batch", &OpLog::put_batch, py::call_guard<py::gil_scoped_release>())
+      .def("sync", &OpLog::sync, py::call_guard<py::gil_scoped_release>())
+      .def("close", &OpLog::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("end", &OpLog::end)
       .def_property_readonly("generation", &OpLog::generation)
       .def_property_readonly("dropped_tail", &OpLog::dropped_tail);
@@ -203,21 +224,44 @@ PYBIND11_MODULE(_core, m) {
         const float* qv = as_vector(q, s.dim(), hold);
         if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
         int64_t code = speaker.is_none() ? int64_t(-1) : int64_t(speaker_code(speaker.cast<std::string>()));
-        if (rows.is_none()) return hits_to_arrays(s.search(qv, k, code, nullptr));
-        auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
-        std::vector<int64_t> cand(arr.data(), arr.data() + arr.size());
-        return hits_to_arrays(s.search(qv, k, code, &cand));
+        std::vector<float> query(qv, qv + s.dim());  // the caller's array may change once the GIL is free
+        std::vector<int64_t> cand;
+        const bool some = !rows.is_none();
+        if (some) {
+          auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+          if (!arr) throw py::error_already_set();
+          cand.assign(arr.data(), arr.data() + arr.size());
+        }
+        const size_t work = (some ? cand.size() : size_t(s.base_size())) + size_t(s.delta_len());
+        std::vector<Hit> hits;
+        if (work * size_t(s.dim()) < kReleaseWork) {
+          hits = s.search(query.data(), k, code, some ? &cand : nullptr);
+        } else {
+          State snap = s.fork();  // O(1), made and dropped under the GIL (it changes reference counts)
+          py::gil_scoped_release nogil;
+          hits = snap.search(query.data(), k, code, some ? &cand : nullptr);
+        }
+        return hits_to_arrays(hits);
       }, py::arg("query"), py::arg("k"), py::arg("speaker") = py::none(), py::arg("base_rows") = py::none())
+      .def("count_live_rows", [](const State& s, py::handle rows) {  // base rows not deleted or superseded
+        auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+        if (!arr) throw py::error_already_set();
+        return s.count_live_rows(arr.data(), static_cast<size_t>(arr.size()));
+      })
       .def("live", [](const State& s) {
         py::list out;
         for (const Record* r : s.live()) out.append(record_tuple(r));
         return out;
       })
       .def("live_vectors", [](const State& s) {  // [n, dim] in id order, for compaction
-        auto recs = s.live();
+        State snap = s.fork();  // keeps every record alive while the copy runs without the GIL
+        auto recs = snap.live();
         py::array_t<float> out({static_cast<py::ssize_t>(recs.size()), static_cast<py::ssize_t>(s.dim())});
         float* p = out.mutable_data();
-        for (size_t i = 0; i < recs.size(); ++i) std::memcpy(p + i * s.dim(), recs[i]->vec, sizeof(float) * s.dim());
+        {
+          py::gil_scoped_release nogil;  // `out` is not visible to any other thread yet
+          for (size_t i = 0; i < recs.size(); ++i) std::memcpy(p + i * s.dim(), recs[i]->vec, sizeof(float) * s.dim());
+        }
         return out;
       })
       .def_property_readonly("dim", &State::dim)
@@ -226,5 +270,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("lsn", &State::lsn)
       .def_property_readonly("delta_len", &State::delta_len)
       .def_property_readonly("base_dead", &State::base_dead)
+      .def_property_readonly("dirty", &State::dirty)
       .def_property_readonly("base_size", &State::base_size);
 }

@@ -219,6 +219,12 @@ bool State::base_row_live(int64_t row) const {
   return ids_.get(static_cast<uint64_t>(r->id)) == r;
 }
 
+int64_t State::count_live_rows(const int64_t* rows, size_t n) const {
+  int64_t live = 0;
+  for (size_t i = 0; i < n; ++i) live += base_row_live(rows[i]);
+  return live;
+}
+
 // ---- exact search ----
 namespace {
 float dot_default(const float* a, const float* b, int n) {
@@ -307,10 +313,23 @@ std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std
     }
   }
   if (k > 0) {
-    delta_.for_each([&](Record* r) {
-      if (speaker >= 0 && r->speaker != speaker) return;
-      float s = dot(q, r->vec, dim_) * qinv * r->inv_norm;
-      if (top.admits(s) && ids_.get(static_cast<uint64_t>(r->id)) == r) top.push({s, r->id});
+    // Delta records and their vectors are separate heap blocks: prefetch a leaf's 32 records, then their
+    // vectors' first lines, so the misses overlap instead of stalling the scan one by one.
+    delta_.for_each_leaf([&](void* const* slot) {
+      for (int i = 0; i < 32; ++i)
+        if (slot[i]) __builtin_prefetch(slot[i]);
+      for (int i = 0; i < 32; ++i)
+        if (slot[i]) {
+          const float* v = static_cast<const Record*>(slot[i])->vec;
+          __builtin_prefetch(v);
+          __builtin_prefetch(v + 16);
+        }
+      for (int i = 0; i < 32; ++i) {
+        const Record* r = static_cast<const Record*>(slot[i]);
+        if (!r || (speaker >= 0 && r->speaker != speaker)) continue;
+        float s = dot(q, r->vec, dim_) * qinv * r->inv_norm;
+        if (top.admits(s) && ids_.get(static_cast<uint64_t>(r->id)) == r) top.push({s, r->id});
+      }
     });
   }
   return top.sorted();

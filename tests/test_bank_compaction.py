@@ -1,0 +1,181 @@
+"""Automatic compaction (BankConfig.auto_compact_ratio / auto_compact_min_rows): when it triggers, that
+searches stay right across it, that forks never compact, and that every op survives it (reopen, SIGKILL)."""
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from bank_model import ModelBank, assert_same, model_after, op_stream
+from memr1.memory_store import Add, Delete, MemoryBank, Noop, Update
+from test_bank_durability import run_child
+
+DIM = 16
+
+
+def vecs(n, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+
+
+def dirty(bank):
+    s = bank.stats()
+    return s["delta_rows"] + s["base_dead"]
+
+
+def test_triggers_past_the_floor_and_not_before():
+    bank = MemoryBank.create(None, dim=DIM, auto_compact_min_rows=100, auto_compact_ratio=0.5)
+    v = vecs(300)
+    assert bank.auto_compact_at == 100  # no base yet: the floor
+    for i in range(100):
+        bank.apply(Add(f"m{i}", v[i], "A"))
+    assert bank.compactions == 0 and dirty(bank) == 100
+    bank.apply(Add("one more", v[100], "A"))
+    assert bank.compactions == 1
+    assert bank.stats()["base_rows"] == 101 and dirty(bank) == 0
+    assert bank.auto_compact_at == 100  # 0.5 x 101 is under the floor
+
+
+def test_triggers_past_the_ratio_of_the_base_and_not_before(tmp_path):
+    n = 1000
+    bank = MemoryBank.from_arrays(tmp_path / "b", vecs(n), [f"m{i}" for i in range(n)], ["A"] * n, ["t"] * n,
+                                  auto_compact_min_rows=100, auto_compact_ratio=0.5)
+    assert bank.auto_compact_at == 500
+    v = vecs(400, seed=1)
+    for i in range(250):  # an update of a base row: one delta row and one dead base row
+        bank.apply(Update(i, f"u{i}", v[i]))
+    bank.apply(Noop())
+    assert dirty(bank) == 500 and bank.compactions == 0
+    bank.apply(Delete(999))
+    assert bank.compactions == 1 and dirty(bank) == 0 and bank.stats()["base_rows"] == n - 1
+    assert bank.auto_compact_at == 499
+    # apply_batch checks once, after the whole batch
+    bank.apply_batch([Update(300 + i, "b", v[i]) for i in range(249)] + [Noop()])
+    assert bank.compactions == 1 and dirty(bank) == 498
+    bank.apply_batch([Delete(600), Delete(601)])
+    assert bank.compactions == 2 and dirty(bank) == 0
+    bank.close()
+
+
+def test_ratio_zero_turns_it_off_and_readers_never_compact(tmp_path):
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_ratio=0.0, auto_compact_min_rows=1)
+    assert bank.auto_compact_at is None
+    for i, v in enumerate(vecs(50)):
+        bank.apply(Add(f"m{i}", v, "A"))
+    assert bank.compactions == 0 and bank.stats()["delta_rows"] == 50
+    bank.close()
+    reader = MemoryBank.open(tmp_path / "b", "r")
+    assert reader.auto_compact_at is None
+
+
+def test_a_refused_compaction_warns_keeps_the_op_and_backs_off(tmp_path, monkeypatch):
+    import errno
+    from memr1.memory_store import BankIOError, bank as bank_module
+
+    def full_disk(*args):
+        raise BankIOError("cannot write generation 1: No space left on device; the bank is unchanged", errno.ENOSPC)
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=20, auto_compact_ratio=0.1)
+    v = vecs(60)
+    for i in range(20):
+        bank.apply(Add(f"m{i}", v[i], "A"))
+    monkeypatch.setattr(bank_module, "next_generation", full_disk)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        assert bank.apply(Add("crossing", v[20], "A")) == 20  # the op itself stands
+    assert bank.compactions == 0 and len(bank) == 21 and bank.auto_compact_at == 42
+    monkeypatch.undo()
+    for i in range(21, 42):
+        bank.apply(Add(f"m{i}", v[i], "A"))
+    assert bank.compactions == 0
+    bank.apply(Add("past the doubled threshold", v[42], "A"))
+    assert bank.compactions == 1 and bank.auto_compact_at == 20
+    bank.close()
+    assert_same(MemoryBank.open(tmp_path / "b", "r"), model_after(
+        [Add(f"m{i}", v[i], "A") for i in range(20)] + [Add("crossing", v[20], "A")] +
+        [Add(f"m{i}", v[i], "A") for i in range(21, 42)] + [Add("past the doubled threshold", v[42], "A")], 43))
+
+
+def test_a_fork_never_compacts():
+    bank = MemoryBank.create(None, dim=DIM, auto_compact_min_rows=10, auto_compact_ratio=0.1)
+    v = vecs(200)
+    for i in range(10):
+        bank.apply(Add(f"m{i}", v[i], "A"))
+    fork = bank.fork()
+    assert fork.auto_compact_at is None
+    for i in range(10, 200):
+        fork.apply(Add(f"m{i}", v[i], "A"))
+    fork.apply_batch([Update(i, "u", v[i + 1]) for i in range(50)])
+    assert fork.compactions == 0 and fork.stats()["base_rows"] == 0 and fork.stats()["delta_rows"] == 250
+    assert len(bank) == 10 and bank.compactions == 0  # the parent saw none of it
+    fork.compact()  # an explicit compaction of a fork is still allowed
+    assert fork.compactions == 1 and len(fork) == 200
+
+
+@pytest.mark.parametrize("hnsw", [False, True])
+def test_search_matches_brute_force_across_auto_compactions(tmp_path, hnsw):
+    ops = op_stream(3, 1500)
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=60, auto_compact_ratio=0.2,
+                             hnsw_threshold=50 if hnsw else 10**6, fsync="never")
+    model, queries, graphs = ModelBank(), vecs(8, seed=9), 0
+    found, top10, asked = 0, 0, 0
+    for i, op in enumerate(ops):
+        bank.apply(op)
+        model.apply(op)
+        if i % 150 == 149:
+            assert_same(bank, model, queries)  # exact search against the model's float64 ranking
+            if bank.stats()["hnsw_speakers"]:
+                graphs += 1
+                for q in queries:  # the graph's top-10 against the true top-10
+                    top10 += len(set(model.search(q, 10)) & set(bank.search(q, 10).ids.tolist()))
+                live = [j for j in model.rows if j % 7 == 0][:20]
+                for j in live:  # a live row's own vector finds it, whatever base it now lives in
+                    found += bank.search(model.rows[j]["vector"], 1).ids.tolist() == [j]
+                asked += len(live)
+    assert bank.compactions >= 5 and (graphs >= 5 if hnsw else graphs == 0)
+    # usearch's multi-threaded graph build leaves the odd node unreachable, so graph search is
+    # near-perfect, not perfect; candidates from the wrong base or a missed dead row would be far off.
+    assert top10 >= 0.95 * 10 * len(queries) * graphs and found >= 0.95 * asked
+    bank.close()
+
+
+def test_reopen_after_auto_compactions_sees_every_op(tmp_path):
+    ops = op_stream(4, 900)
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=50, auto_compact_ratio=0.1)
+    for op in ops:
+        bank.apply(op)
+    assert bank.compactions >= 3 and dirty(bank) > 0  # some ops after the last compaction, in the log
+    bank.close()
+    model = model_after(ops, len(ops))
+    for mode in ("r", "rw"):
+        again = MemoryBank.open(tmp_path / "b", mode)
+        assert again.stats()["ops"] == len(ops)
+        assert_same(again, model, vecs(4, seed=5))
+        again.close()
+    generations = sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith("base-"))
+    assert len(generations) == 1  # older generations were removed as they were replaced
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_sigkill_during_auto_compactions_recovers_a_prefix(tmp_path, trial):
+    ops = op_stream(100 + trial, 3000)
+    path = str(tmp_path / "bank")
+    MemoryBank.create(path, dim=DIM, hnsw_threshold=10**6, auto_compact_min_rows=60, auto_compact_ratio=0.1).close()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        run_child(path, ops, "never", w, compact_every=10**9)  # only automatic compactions
+    os.close(w)
+    time.sleep(random.Random(trial).uniform(0.02, 0.3))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    acked = 0
+    while chunk := os.read(r, 4096):
+        acked += len(chunk)
+    os.close(r)
+    bank = MemoryBank.open(path, "rw")
+    p = bank.stats()["ops"]
+    print(f"trial {trial}: {acked} acknowledged, {p} recovered, generation {bank._manifest.generation}")
+    assert acked <= p <= min(acked + 1, len(ops)), (acked, p)
+    assert_same(bank, model_after(ops, p))
+    bank.close()

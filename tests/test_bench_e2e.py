@@ -1,0 +1,68 @@
+"""bench.e2e: the leg order, TRL's micro-batch size, the reward TRL is given (memr1's answer reward), and a
+--quick run on the tiny model (every trainer's row, matched settings, the JSON's provenance)."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from memr1.bench.e2e import TRAINERS, leg_order
+from memr1.bench.e2e_trl import Counts, micro_size
+from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.rewards import RewardConfig
+
+
+def test_legs_mirror_and_micro_batches_fit_the_budget():
+    assert leg_order(2) == [*TRAINERS, *TRAINERS[::-1]]
+    assert micro_size(64, 400, 8192) == 16   # 20 rows would fit, 16 is the largest divisor of 64 that does
+    assert micro_size(16, 500, 8192) == 16
+    assert micro_size(8, 9000, 8192) == 1    # a row over the budget still trains, one at a time
+
+
+def test_trl_reward_is_memr1s_answer_reward_and_counts_tokens():
+    stage = SimpleNamespace(answer=AnswerConfig(), reward=RewardConfig(answer_format_penalty=0.5),
+                            cfg=SimpleNamespace(group_size=2))
+    counts = Counts(stage)
+    texts = ["Answer: Paris.", "paris", "Answer: Rome", "Answer: Rome"]
+    rewards = counts([[{"role": "assistant", "content": t}] for t in texts], [[1] * 3, [1] * 5, [1] * 2, [1] * 2],
+                     ["Paris", "Paris", "Oslo", "Oslo"], ["q"] * 4)
+    assert rewards == [1.0, 0.5, 0.0, 0.0]   # EM 1; EM 1 without the "Answer:" line; two misses
+    assert counts.tokens == [12] and counts.signal == [8 / 12]   # the second group's rewards are equal
+
+
+def test_quick_run_rows_and_provenance(tmp_path):
+    # find_spec, not importorskip: importing trl sets VLLM_LOGGING_LEVEL=ERROR in this process's
+    # environment, which would leak into every later test's subprocesses.
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed (the Makefile installs it)")
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run([sys.executable, "-m", "memr1.bench.e2e", "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_quick_json(json.loads(out.read_text()))
+
+
+def check_quick_json(data: dict) -> None:
+    rows = {r["trainer"]: r for r in data["rows"]}
+    assert set(rows) == set(TRAINERS) and len(data["rows"]) == 3
+    keys = {"model", "trainer", "group_size", "tokens_per_s", "steps_per_s", "step_s", "step_s_spread", "steps_timed",
+            "response_tokens", "signal_frac", "generation", "settings"}
+    for r in rows.values():
+        assert keys <= set(r), keys - set(r)
+        assert r["model"] == "tiny-random" and r["group_size"] == 4 and r["steps_timed"] == 3
+        assert math.isfinite(r["steps_per_s"]) and r["steps_per_s"] > 0, r
+        assert math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0, r
+        lo, hi = r["step_s_spread"]
+        assert 0 < lo <= r["step_s"] <= hi and r["steps_per_s"] == pytest.approx(1 / r["step_s"])
+    trl, ours = rows["trl"]["settings"], rows["memr1_staleness0"]["settings"]
+    assert trl["num_generations"] == 4 and trl["beta"] == 0 and trl["loss_type"] == "dapo"
+    assert trl["per_device_train_batch_size"] * trl["gradient_accumulation_steps"] == 4 * ours["prompts_per_step"]
+    assert trl["learning_rate"] == ours["lr"] and trl["max_completion_length"] == ours["max_new_tokens"]
+    assert ours["learner"]["train_layers"] == 0 and not ours["learner"]["activation_checkpointing"]
+    assert rows["trl"]["generation"] == "hf" and data["settings"]["checks"]["tiny"]["prompts_checked"] > 0
+    assert set(data["headline"]["tiny-random"]) >= {"memr1_staleness0_over_trl_tokens_per_s"}
+    m = data["machine"]
+    assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]
