@@ -1,16 +1,13 @@
 """Automatic compaction (BankConfig.auto_compact_ratio / auto_compact_min_rows): when it triggers, that
 searches stay right across it, that forks never compact, and that every op survives it (reopen, SIGKILL)."""
-import os
 import random
-import signal
-import time
 
 import numpy as np
 import pytest
 
 from bank_model import ModelBank, assert_same, model_after, op_stream
 from memr1.memory_store import Add, Delete, MemoryBank, Noop, Update
-from test_bank_durability import run_child
+from test_bank_durability import kill_and_recover
 
 DIM = 16
 
@@ -160,22 +157,5 @@ def test_sigkill_during_auto_compactions_recovers_a_prefix(tmp_path, trial):
     ops = op_stream(100 + trial, 3000)
     path = str(tmp_path / "bank")
     MemoryBank.create(path, dim=DIM, hnsw_threshold=10**6, auto_compact_min_rows=60, auto_compact_ratio=0.1).close()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        run_child(path, ops, "never", w, compact_every=10**9)  # only automatic compactions
-    os.close(w)
-    time.sleep(random.Random(trial).uniform(0.02, 0.3))
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    acked = 0
-    while chunk := os.read(r, 4096):
-        acked += len(chunk)
-    os.close(r)
-    bank = MemoryBank.open(path, "rw")
-    p = bank.stats()["ops"]
-    print(f"trial {trial}: {acked} acknowledged, {p} recovered, generation {bank._manifest.generation}")
-    assert acked <= p <= min(acked + 1, len(ops)), (acked, p)
-    assert_same(bank, model_after(ops, p))
-    bank.close()
+    # compact_every=10**9: only automatic compactions
+    kill_and_recover(path, ops, "never", 10**9, random.Random(trial).uniform(0.02, 0.3)).close()

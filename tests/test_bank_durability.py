@@ -27,6 +27,30 @@ def run_child(path: str, ops, fsync: str, ack_fd: int, compact_every: int) -> No
         os._exit(0)
 
 
+def kill_and_recover(path: str, ops, fsync: str, compact_every: int, wait: float) -> MemoryBank:
+    """Apply `ops` in a forked child, SIGKILL it after `wait` seconds, reopen the bank and check that it
+    holds exactly a prefix of the ops: every acknowledged one, and at most the one in flight besides."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        run_child(path, ops, fsync, w, compact_every)
+    os.close(w)
+    time.sleep(wait)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    acked = 0
+    while chunk := os.read(r, 4096):
+        acked += len(chunk)
+    os.close(r)
+    bank = MemoryBank.open(path, "rw")
+    p = bank.stats()["ops"]
+    print(f"fsync={fsync}: {acked} acknowledged, {p} recovered, generation {bank._manifest.generation}")
+    assert acked <= p <= min(acked + 1, len(ops)), (acked, p)
+    assert_same(bank, model_after(ops, p))
+    return bank
+
+
 @pytest.mark.parametrize("trial", range(32))
 def test_sigkill_recovers_a_prefix(tmp_path, trial):
     # Both policies survive a killed process. Without fsync ops take microseconds, so that stream is
@@ -36,26 +60,7 @@ def test_sigkill_recovers_a_prefix(tmp_path, trial):
     ops = op_stream(trial, n_ops)
     path = str(tmp_path / "bank")
     MemoryBank.create(path, dim=DIM, hnsw_threshold=10**6).close()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        run_child(path, ops, fsync, w, compact_every)
-    os.close(w)
-    time.sleep(random.Random(1000 + trial).uniform(0.0, max_wait))
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    acked = 0
-    while chunk := os.read(r, 4096):
-        acked += len(chunk)
-    os.close(r)
-
-    bank = MemoryBank.open(path, "rw")
-    p = bank.stats()["ops"]
-    print(f"trial {trial} fsync={fsync}: {acked} acknowledged, {p} recovered")
-    # Every acknowledged op is there, and at most the one in flight besides.
-    assert acked <= p <= min(acked + 1, len(ops)), (acked, p)
-    assert_same(bank, model_after(ops, p))
+    bank = kill_and_recover(path, ops, fsync, compact_every, random.Random(1000 + trial).uniform(0.0, max_wait))
     bank.apply(Noop())  # the recovered bank takes new writes
     bank.close()
 
