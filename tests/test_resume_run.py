@@ -153,3 +153,8 @@ def test_user_errors_in_train_are_one_line(model, tmp_path, capsys):
                     + [f"data.path={lme}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing to train on: it is a LongMemEval file, an evaluation set" in err
+    a_file = tmp_path / "not_a_folder"
+    a_file.write_text("keep me")
+    assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(model, a_file)) == 2
+    assert capsys.readouterr().err == f"error: run_dir {a_file} exists and is not a folder\n"
+    assert a_file.read_text() == "keep me"
