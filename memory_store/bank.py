@@ -36,6 +36,13 @@ from memr1.memory_store.storage import (SYNC, as_path, check_k, leased, lock, ma
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 
 
+def _state_over(config: BankConfig, segment: Segment, manifest: Manifest):
+    """A native state whose base is `segment`, at the manifest's next id and op count, with no delta."""
+    core = _core.State(config.dim, config.max_text_bytes)
+    core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
+    return core
+
+
 class SearchResult(NamedTuple):
     ids: np.ndarray     # int64, best first
     scores: np.ndarray  # float32 cosine similarity
@@ -131,9 +138,8 @@ class MemoryBank:
 
     @classmethod
     def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None, auto=True):
-        core = _core.State(config.dim, config.max_text_bytes)
-        core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
-        return cls(core, config, segment, path, manifest, log, read_only, lock_fd, auto)
+        return cls(_state_over(config, segment, manifest), config, segment, path, manifest, log, read_only, lock_fd,
+                   auto)
 
     # ---- operations ----
     def apply(self, op: Add | Update | Delete | Noop) -> int | None:
@@ -259,9 +265,7 @@ class MemoryBank:
             else:  # the bank is unchanged if this raises before the new manifest is committed
                 manifest, segment, self._log = next_generation(self.path, manifest, vectors, memories, self._log)
             self._manifest = manifest
-            fresh = _core.State(self.config.dim, self.config.max_text_bytes)
-            fresh.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
-            self._install(fresh, segment)
+            self._install(_state_over(self.config, segment, manifest), segment)
             self.compactions += 1
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
