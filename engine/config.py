@@ -100,7 +100,10 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
     def resolved_run_dir(self) -> Path:
-        return Path(self.run_dir or f"runs/{self.name}")
+        path = Path(self.run_dir or f"runs/{self.name}")
+        if path.exists() and not path.is_dir():  # train and eval write into it
+            raise ConfigError(f"run_dir {path} exists and is not a folder")
+        return path
 
 
 EMBEDDERS = ("minilm", "hash")

@@ -173,8 +173,6 @@ def train(cfg: RunConfig) -> dict:
         raise ConfigError(str(e)) from None
     say = print if rank == 0 else (lambda *a, **k: None)
     check_train_data(cfg)
-    if run.run_dir.exists() and not run.run_dir.is_dir():
-        raise ConfigError(f"run_dir {run.run_dir} exists and is not a folder")
     run.run_dir.mkdir(parents=True, exist_ok=True)
     # Before any engine starts: a run whose checkpoints are all damaged stops here.
     resume = resume_points(run.run_dir, cfg.stages, rank, say)

@@ -157,4 +157,6 @@ def test_user_errors_in_train_are_one_line(model, tmp_path, capsys):
     a_file.write_text("keep me")
     assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(model, a_file)) == 2
     assert capsys.readouterr().err == f"error: run_dir {a_file} exists and is not a folder\n"
+    assert cli_main(["eval", "--config", str(tmp_path / "c.toml"), "--split", "val"] + config(model, a_file)) == 2
+    assert capsys.readouterr().err == f"error: run_dir {a_file} exists and is not a folder\n"
     assert a_file.read_text() == "keep me"
