@@ -2,12 +2,14 @@
 the manager against the synthetic oracle, and the paper's table.
 
 Oracle scoring (synthetic data only), defined here once:
-- Op accuracy works per manager call (a "group" of turns). O is the multiset of oracle events of the
-  group's fact-bearing turns (ADD / UPDATE / DELETE / NONE); a group with no oracle turn expects
-  {NONE}. P is the multiset of the manager's ADD / UPDATE / DELETE ops, or {NONE} when it changed
-  nothing. A group whose turns gave no facts made no call and counts as P = {NONE}. The score is
+- Op accuracy works per manager call (a "group" of turns). O is the multiset of the oracle's net
+  ADD / UPDATE / DELETE ops for the call (`synthetic.call_ops`: a fact added and updated within one
+  call is one ADD, a restated memory needs no op), or {NONE} when the call should change nothing. P
+  is the multiset of the manager's ADD / UPDATE / DELETE ops, or {NONE} when it changed nothing.
+  A group whose turns gave no facts made no call and counts as P = {NONE}. The score is
   sum |O & P| / sum |O | P| over groups (multiset intersection / union), so 1.0 means every call
-  did exactly the oracle's changes, and extra or missing ops both cost.
+  did exactly the oracle's changes (the warm start's target for each call), and extra or missing ops
+  both cost.
 - Fact recall / precision compare the bank's final memories with the oracle's `final_facts`. A memory
   matches a fact when their token-set F1 (Mem0's F1 tokens, minus a few function words) is at least
   `EvalConfig.fact_match_f1`; pairs are matched one-to-one, best F1 first. Recall = matched facts /
@@ -18,6 +20,7 @@ from collections import Counter
 import numpy as np
 
 from memr1.rl.data.locomo import CATEGORY_NAMES
+from memr1.rl.data.synthetic import call_ops
 from memr1.rl.rewards import simple_tokens
 
 TABLE_ORDER = ("single-hop", "multi-hop", "open-domain", "temporal")   # the paper's column order
@@ -106,7 +109,8 @@ def oracle_scores(conv, steps: list[dict], memories: list[str],
     called = {d for g in done for d in g["dia_ids"]}
     calls = []   # one record per manager call (and per oracle turn that never reached one): paired units
     for g in done:
-        o = Counter(oracle_by_turn[d] for d in g["dia_ids"] if d in oracle_by_turn) or Counter(["NONE"])
+        net = call_ops([e for e in timeline if e["dia_id"] in g["dia_ids"]])
+        o = Counter(op["event"] for op in net if op["event"] != "NONE") or Counter(["NONE"])
         p = Counter(e for e in g["events"] if e != "NONE") or Counter(["NONE"])
         calls.append({"sample_id": conv.sample_id, "dia_ids": list(g["dia_ids"]), "inter": sum((o & p).values()),
                       "union": sum((o | p).values())})

@@ -16,6 +16,7 @@ import time
 from memr1.rl.agents import chat_prompt_ids, reply_ids
 from memr1.rl.agents.answer import AnswerConfig, memory_lines
 from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.data.synthetic import call_ops
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.stages import StageConfig
@@ -35,36 +36,26 @@ def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -
 
 def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict,
                    list_unchanged: bool = True) -> str:
-    """The oracle's ops for one call, against the memories its prompt shows (local ids 0..k-1); every
-    shown memory is listed (NONE included) or, without `list_unchanged`, only the changed ones."""
+    """The oracle's net ops for one call (`call_ops`), against the memories its prompt shows (local ids
+    0..k-1); every shown memory is listed (NONE included) or, without `list_unchanged`, only the
+    changed ones. An op on a memory the prompt does not show is left out: no reply could name it."""
     local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
-    ops: dict[int, dict] = {}            # local id -> op on a shown memory
-    adds: dict[str, dict] = {}           # slot -> op adding a memory in this call
-    touched: dict[str, dict] = {}        # slot -> the op that now holds it
-    for e in (e for e in oracle["timeline"] if e["dia_id"] in call["dia_ids"]):
-        op = touched.get(e["slot"])
-        if e["event"] == "ADD":      # a new memory, also for a slot deleted earlier in this call
-            op = adds[e["slot"]] = {"text": e["memory"], "event": "ADD"}
-        elif op is None:
-            i = local.get(e.get("old_memory"))
-            if i is None:
-                continue                 # the memory was not retrieved: no op can name it
-            op = ops[i] = {"id": str(i), "text": shown_texts[i], "event": "NONE"}
-        if e["event"] == "UPDATE":
-            if op["event"] != "ADD":
-                op.update(event="UPDATE", old_memory=op.get("old_memory", op["text"]))
-            op["text"] = e["memory"]
-        elif e["event"] == "DELETE":
-            if op["event"] == "ADD":
-                adds.pop(e["slot"])
-            else:
-                op.update(event="DELETE", text=op.get("old_memory", op["text"]))
-                op.pop("old_memory", None)
-        touched[e["slot"]] = op
-    out = [ops.get(i, {"id": str(i), "text": t, "event": "NONE"}) for i, t in enumerate(shown_texts)]
+    on_shown: dict[int, dict] = {}
+    adds = []
+    for op in call_ops([e for e in oracle["timeline"] if e["dia_id"] in call["dia_ids"]]):
+        if op["event"] == "ADD":
+            adds.append({"text": op["text"], "event": "ADD"})
+            continue
+        i = local.get(op["old_memory"])
+        if i is None:
+            continue
+        on_shown[i] = {"id": str(i), "text": op["text"], "event": op["event"]}
+        if op["event"] == "UPDATE":
+            on_shown[i]["old_memory"] = shown_texts[i]
+    out = [on_shown.get(i, {"id": str(i), "text": t, "event": "NONE"}) for i, t in enumerate(shown_texts)]
     if not list_unchanged:
         out = [op for op in out if op["event"] != "NONE"]
-    out += [{"id": str(len(shown_texts) + k), **op} for k, op in enumerate(adds.values())]
+    out += [{"id": str(len(shown_texts) + k), **op} for k, op in enumerate(adds)]
     return json.dumps({"memory": out}, ensure_ascii=False)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from memr1.engine.cli import main as cli_main
 from memr1.rl.data.locomo import load_locomo
-from memr1.rl.data.synthetic import apply_oracle, load_synthetic, split_for, synth_cli, synthesize
+from memr1.rl.data.synthetic import apply_oracle, call_ops, load_synthetic, split_for, synth_cli, synthesize
 
 N = 40
 
@@ -38,6 +38,45 @@ def test_oracle_rejects_an_inconsistent_timeline(data):
     first_update["old_memory"] = "something else"
     with pytest.raises(ValueError, match="expects"):
         apply_oracle(timeline)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 6])
+def test_call_ops_replay_each_chunk_of_events_with_one_op_per_memory(data, size):
+    """Applied to the state before a chunk of consecutive events, the chunk's net ops give the state
+    after it, touching each memory at most once; within-chunk chains do occur."""
+    folded = 0
+    for conv in data:
+        timeline = conv["memr1_oracle"]["timeline"]
+        state = {}
+        for i in range(0, len(timeline), size):
+            chunk = timeline[i:i + size]
+            ops = call_ops(chunk)
+            for op in ops:
+                slot = op["slot"]
+                if op["event"] == "ADD":
+                    assert slot not in state
+                    state[slot] = op["text"]
+                else:
+                    assert state[slot] == op["old_memory"]
+                    if op["event"] == "UPDATE":
+                        state[slot] = op["text"]
+                    elif op["event"] == "DELETE":
+                        del state[slot]
+            assert state == apply_oracle(timeline[:i + size])
+            assert len({(op["slot"], op["event"] == "ADD") for op in ops}) == len(ops)
+            folded += len(chunk) - len(ops)
+    assert (folded > 0) == (size > 1)
+
+
+def test_call_ops_fold_a_chain_into_one_op():
+    add = {"slot": "a/pet", "event": "ADD", "memory": "A has 1 dog"}
+    more = {"slot": "a/pet", "event": "UPDATE", "memory": "A has 2 dogs", "old_memory": "A has 1 dog"}
+    same = {"slot": "a/city", "event": "NONE", "memory": "A lives in Oslo", "old_memory": "A lives in Oslo"}
+    assert call_ops([add, more]) == [{"event": "ADD", "slot": "a/pet", "text": "A has 2 dogs"}]
+    assert call_ops([more, same]) == [
+        {"event": "UPDATE", "slot": "a/pet", "text": "A has 2 dogs", "old_memory": "A has 1 dog"},
+        {"event": "NONE", "slot": "a/city", "text": "A lives in Oslo", "old_memory": "A lives in Oslo"}]
+    assert call_ops([add, {"slot": "a/pet", "event": "DELETE", "memory": "A has 1 dog", "old_memory": "A has 1 dog"}]) == []
 
 
 def test_timeline_points_at_real_turns(data):

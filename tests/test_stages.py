@@ -16,6 +16,7 @@ from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import oracle_facts, run_manager
 from memr1.rl.data import load_conversations
 from memr1.rl.eval import EvalConfig, Task, evaluate
+from memr1.rl.eval_report import oracle_scores
 from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
@@ -149,6 +150,8 @@ def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns
         for step in b.steps:
             for call in step["groups"]:
                 assert call["status"] == "ok"
+        scores = oracle_scores(conv, b.steps, [m.text for m in b.bank], 0.5)   # the oracle's ops score 1.0
+        assert scores["op_inter"] == scores["op_union"] > 0
         b.bank.close()
     assert {tuple(e) for _, e in scripted.values()} >= {("ADD",)}
 

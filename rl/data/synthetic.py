@@ -220,6 +220,37 @@ def load_synthetic(n: int = 20, seed: int = 0, split: str | None = None) -> list
     return [c for c in convs if split is None or c.split == split]
 
 
+def call_ops(events: list[dict]) -> list[dict]:
+    """The oracle's net ops for one manager call, from its turns' timeline events in order: what a
+    perfect manager does in that call, at most one op per memory.
+    - a slot the call ADDs is one ADD of its last text (updates within the call fold into it), or
+      nothing if the call deletes it again;
+    - a memory from before the call is one UPDATE (to its last text), one DELETE, or one NONE when the
+      call only restates it;
+    - a memory deleted and then set again in the same call is a DELETE and an ADD.
+    Each op is {"event", "slot", "text"}, plus "old_memory" (the text before the call) on ops of
+    memories from before the call; ADDs come last."""
+    existing: dict[str, dict] = {}     # slot -> op on a memory from before the call
+    adds: dict[str, dict] = {}         # slot -> a memory this call adds
+    for e in events:
+        slot, event = e["slot"], e["event"]
+        if event == "ADD":
+            adds[slot] = {"event": "ADD", "slot": slot, "text": e["memory"]}
+        elif slot in adds:             # a memory of this very call changes again
+            if event == "UPDATE":
+                adds[slot]["text"] = e["memory"]
+            elif event == "DELETE":
+                del adds[slot]
+        else:
+            op = existing.setdefault(slot, {"event": "NONE", "slot": slot, "text": e["old_memory"],
+                                            "old_memory": e["old_memory"]})
+            if event == "UPDATE":
+                op.update(event="UPDATE", text=e["memory"])
+            elif event == "DELETE":
+                op.update(event="DELETE", text=op["old_memory"])
+    return list(existing.values()) + list(adds.values())
+
+
 def apply_oracle(timeline: list[dict]) -> dict[str, str]:
     """Replay the oracle ops on a plain dict (slot -> text), checking each op is legal."""
     state: dict[str, str] = {}
