@@ -127,10 +127,10 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
     timed_ops, before = [], bank.compactions
     for op in scn.ops:
         scn.truth.apply(op)
-        off.apply(as_memr1(op))
+        mine = as_memr1(op)
+        off.apply(mine)
         for impl, obj in scn.impls.items():
             if impl == "memr1":
-                mine = as_memr1(op)
                 t = time.perf_counter_ns()
                 obj.apply(mine)
                 timed_ops.append(time.perf_counter_ns() - t)

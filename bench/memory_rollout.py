@@ -4,12 +4,13 @@ the answers' searches, the fork dropped), and concurrent readers of one bank.
 `op = "fork_rollout"`: one timed unit is G x (fork, m ops, one top-k search, drop), for G in 8, 64 and
 512 and impl in memr1, usearch_overlay and numpy_copy, over a trainer-style bank (the memory layout of
 bench.memory_phases: memr1's rows in the delta, or in a base once the bank compacted itself while it
-was built; the overlay's index and numpy's matrix hold the same rows). The ops follow the Memory-R1 mix of this trainer's manager rollouts: ADD 30%, UPDATE 25%,
-DELETE 22.5%, NOOP 22.5%, from the per-completion means ADD 0.78, UPDATE 0.65, DELETE 0.59, NONE 0.59
-over the 264 manager steps logged by 13 local training runs (metrics ops_add, ops_update, ops_delete,
-ops_none; mostly synthetic data), so m = 3 ops per fork by default (2.6 observed). Updates and deletes
-hit distinct live rows. memr1 applies them with apply(), one by one as the baselines do; the trainer's
-apply_batch adds one O(1) fork for atomicity, which the baselines have no counterpart for.
+was built; the overlay's index and numpy's matrix hold the same rows). The ops follow the Memory-R1
+mix of this trainer's manager rollouts: ADD 30%, UPDATE 25%, DELETE 22.5%, NOOP 22.5%, from the
+per-completion means ADD 0.78, UPDATE 0.65, DELETE 0.59, NONE 0.59 over the 264 manager steps logged
+by 13 local training runs (metrics ops_add, ops_update, ops_delete, ops_none; mostly synthetic data),
+so m = 3 ops per fork by default (2.6 observed). Updates and deletes hit distinct live rows. memr1
+applies them with apply(), one by one as the baselines do; the trainer's apply_batch adds one O(1) fork
+for atomicity, which the baselines have no counterpart for.
 `op = "fork_ops"` times the same rollouts without the search.
 
 `op = "search_threads"`: T threads (1, 2, 4) share one bank and split n searches; `qps` is n over the

@@ -28,10 +28,10 @@ from memr1.memory_store import _core
 from memr1.memory_store.errors import (BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank,
                                        UnknownMemoryId)
 from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
-from memr1.memory_store.segment import Segment, memory_segment, open_segment
+from memr1.memory_store.segment import Segment, memory_segment
 from memr1.memory_store.storage import (SYNC, as_path, check_k, leased, lock, make_config, new_folder,
-                                        next_generation, read_manifest, remove_stale, validate_rows,
-                                        write_generation)
+                                        next_generation, open_generation, read_manifest, remove_stale,
+                                        validate_rows, write_generation)
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 
@@ -121,9 +121,7 @@ class MemoryBank:
     def _load(cls, path: Path, manifest: Manifest, fsync: str | None, lock_fd: int | None) -> "MemoryBank":
         config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
         gen, writer = manifest.generation, lock_fd is not None
-        segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                               manifest.files if manifest.version >= 2 else None)
-        log = _core.OpLog(str(path / f"log-{gen}.oplog"), writer, SYNC[config.fsync], config.fsync_every)
+        segment, log = open_generation(path, manifest, config, writer)
         try:
             if log.generation != gen:
                 raise BankFormatError(f"{path / f'log-{gen}.oplog'} belongs to generation {log.generation}, not {gen}")

@@ -152,11 +152,15 @@ def next_generation(path: Path, manifest: Manifest, vectors, memories, old_log) 
     except BankIOError:
         pass  # the old log's final sync failed, but the new generation already holds every op
     remove_stale(path, manifest.generation)
-    config = manifest.config
-    segment = open_segment(path / f"base-{manifest.generation}", config, manifest.speakers_indexed,
-                           manifest.base_rows, manifest.files)
-    log = _core.OpLog(str(path / f"log-{manifest.generation}.oplog"), True, SYNC[config.fsync], config.fsync_every)
-    return manifest, segment, log
+    return (manifest, *open_generation(path, manifest, manifest.config, True))
+
+
+def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool) -> tuple:
+    """The manifest's generation: (segment, op log). `config` is the manifest's, or it with another fsync."""
+    gen = manifest.generation
+    segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
+                           manifest.files if manifest.version >= 2 else None)
+    return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 
 def read_manifest(path: Path) -> Manifest:

@@ -109,7 +109,7 @@ def oracle_scores(conv, steps: list[dict], memories: list[str],
     called = {d for g in done for d in g["dia_ids"]}
     calls = []   # one record per manager call (and per oracle turn that never reached one): paired units
     for g in done:
-        net = call_ops([e for e in timeline if e["dia_id"] in g["dia_ids"]])
+        net = call_ops(timeline, g["dia_ids"])
         o = Counter(op["event"] for op in net if op["event"] != "NONE") or Counter(["NONE"])
         p = Counter(e for e in g["events"] if e != "NONE") or Counter(["NONE"])
         calls.append({"sample_id": conv.sample_id, "dia_ids": list(g["dia_ids"]), "inter": sum((o & p).values()),

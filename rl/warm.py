@@ -42,7 +42,7 @@ def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle
     local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
     on_shown: dict[int, dict] = {}
     adds = []
-    for op in call_ops([e for e in oracle["timeline"] if e["dia_id"] in call["dia_ids"]]):
+    for op in call_ops(oracle["timeline"], call["dia_ids"]):
         if op["event"] == "ADD":
             adds.append({"text": op["text"], "event": "ADD"})
             continue

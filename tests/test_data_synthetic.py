@@ -50,7 +50,7 @@ def test_call_ops_replay_each_chunk_of_events_with_one_op_per_memory(data, size)
         state = {}
         for i in range(0, len(timeline), size):
             chunk = timeline[i:i + size]
-            ops = call_ops(chunk)
+            ops = call_ops(timeline, {e["dia_id"] for e in chunk})
             for op in ops:
                 slot = op["slot"]
                 if op["event"] == "ADD":
@@ -69,14 +69,17 @@ def test_call_ops_replay_each_chunk_of_events_with_one_op_per_memory(data, size)
 
 
 def test_call_ops_fold_a_chain_into_one_op():
-    add = {"slot": "a/pet", "event": "ADD", "memory": "A has 1 dog"}
-    more = {"slot": "a/pet", "event": "UPDATE", "memory": "A has 2 dogs", "old_memory": "A has 1 dog"}
-    same = {"slot": "a/city", "event": "NONE", "memory": "A lives in Oslo", "old_memory": "A lives in Oslo"}
-    assert call_ops([add, more]) == [{"event": "ADD", "slot": "a/pet", "text": "A has 2 dogs"}]
-    assert call_ops([more, same]) == [
+    add = {"dia_id": "D1:1", "slot": "a/pet", "event": "ADD", "memory": "A has 1 dog"}
+    more = {"dia_id": "D1:3", "slot": "a/pet", "event": "UPDATE", "memory": "A has 2 dogs", "old_memory": "A has 1 dog"}
+    same = {"dia_id": "D1:5", "slot": "a/city", "event": "NONE", "memory": "A lives in Oslo",
+            "old_memory": "A lives in Oslo"}
+    gone = {"dia_id": "D1:7", "slot": "a/pet", "event": "DELETE", "memory": "A has 1 dog", "old_memory": "A has 1 dog"}
+    timeline = [add, more, same, gone]
+    assert call_ops(timeline, ["D1:1", "D1:3"]) == [{"event": "ADD", "slot": "a/pet", "text": "A has 2 dogs"}]
+    assert call_ops(timeline, ["D1:3", "D1:5"]) == [
         {"event": "UPDATE", "slot": "a/pet", "text": "A has 2 dogs", "old_memory": "A has 1 dog"},
         {"event": "NONE", "slot": "a/city", "text": "A lives in Oslo", "old_memory": "A lives in Oslo"}]
-    assert call_ops([add, {"slot": "a/pet", "event": "DELETE", "memory": "A has 1 dog", "old_memory": "A has 1 dog"}]) == []
+    assert call_ops(timeline, ["D1:1", "D1:7"]) == []
 
 
 def test_timeline_points_at_real_turns(data):

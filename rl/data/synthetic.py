@@ -220,9 +220,9 @@ def load_synthetic(n: int = 20, seed: int = 0, split: str | None = None) -> list
     return [c for c in convs if split is None or c.split == split]
 
 
-def call_ops(events: list[dict]) -> list[dict]:
-    """The oracle's net ops for one manager call, from its turns' timeline events in order: what a
-    perfect manager does in that call, at most one op per memory.
+def call_ops(timeline: list[dict], dia_ids) -> list[dict]:
+    """The oracle's net ops for one manager call, over the timeline events of its turns (`dia_ids`), in
+    order: what a perfect manager does in that call, at most one op per memory.
     - a slot the call ADDs is one ADD of its last text (updates within the call fold into it), or
       nothing if the call deletes it again;
     - a memory from before the call is one UPDATE (to its last text), one DELETE, or one NONE when the
@@ -232,7 +232,7 @@ def call_ops(events: list[dict]) -> list[dict]:
     memories from before the call; ADDs come last."""
     existing: dict[str, dict] = {}     # slot -> op on a memory from before the call
     adds: dict[str, dict] = {}         # slot -> a memory this call adds
-    for e in events:
+    for e in (e for e in timeline if e["dia_id"] in dia_ids):
         slot, event = e["slot"], e["event"]
         if event == "ADD":
             adds[slot] = {"event": "ADD", "slot": slot, "text": e["memory"]}
