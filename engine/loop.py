@@ -82,6 +82,30 @@ class RolloutError(RuntimeError):
     """A rollout producer raised; the message carries the step and the producer's traceback."""
 
 
+class LockedGenerator:
+    """The policy generator as a stage sees it during one rollout: each generate call holds the loop's
+    lock, so a weight sync waits for the call in flight, not for the rest of the rollout (parsing, bank
+    forks, the frozen answer agent on its own engine). Records the weight version of each call."""
+
+    def __init__(self, generator, lock: threading.Lock):
+        self._generator, self._lock = generator, lock
+        self._start = generator.weight_version
+        self.versions: list[int] = []
+
+    def generate(self, *args, **kwargs):
+        with self._lock:
+            self.versions.append(self._generator.weight_version)
+            return self._generator.generate(*args, **kwargs)
+
+    def sampled_version(self) -> int:
+        """The oldest weights this rollout sampled with (the version at its start if it sampled nothing):
+        what its staleness is counted against."""
+        return min(self.versions, default=self._start)
+
+    def __getattr__(self, name):
+        return getattr(self._generator, name)
+
+
 class Loop:
     def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig, steps: int,
                  on_step: Callable[[dict], None] = lambda m: None,
@@ -122,10 +146,10 @@ class Loop:
             if self.profiler is not None:
                 self.profiler.begin(step + 1)
             try:
-                with self.gen_lock, span("rollout"):
-                    version = self.generator.weight_version
-                    rollout = self.stage.rollout(step, self.generator)
-                rollout.step, rollout.weight_version = step, version
+                policy = LockedGenerator(self.generator, self.gen_lock)
+                with span("rollout"):
+                    rollout = self.stage.rollout(step, policy)
+                rollout.step, rollout.weight_version = step, policy.sampled_version()
             except Exception as e:  # reported to the learner thread, never swallowed
                 rollout = RolloutFailure(step, e, traceback.format_exc())
             self.queue.put(rollout)
