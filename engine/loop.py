@@ -26,6 +26,7 @@ from typing import Annotated, Any, Callable, Literal, Protocol
 import msgspec
 from msgspec import Meta
 
+from memr1.engine.locked_generator import LockedGenerator
 from memr1.rl.records import Rollout
 from memr1.rl.spans import span
 
@@ -82,31 +83,6 @@ class RolloutError(RuntimeError):
     """A rollout producer raised; the message carries the step and the producer's traceback."""
 
 
-class LockedGenerator:
-    """The policy generator as a stage sees it during one rollout: each generate call holds the loop's
-    lock, so a weight sync waits for the call in flight, not for the rest of the rollout (parsing, bank
-    forks, scoring). Records the weight version of each call. (vLLM engines of one process also
-    serialise every call among themselves, the frozen answer agent's included: vllm_backend.ENGINE_LOCK.)"""
-
-    def __init__(self, generator, lock: threading.Lock):
-        self._generator, self._lock = generator, lock
-        self._start = generator.weight_version
-        self.versions: list[int] = []
-
-    def generate(self, *args, **kwargs):
-        with self._lock:
-            self.versions.append(self._generator.weight_version)
-            return self._generator.generate(*args, **kwargs)
-
-    def sampled_version(self) -> int:
-        """The oldest weights this rollout sampled with (the version at its start if it sampled nothing):
-        what its staleness is counted against."""
-        return min(self.versions, default=self._start)
-
-    def __getattr__(self, name):
-        return getattr(self._generator, name)
-
-
 class Loop:
     def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig, steps: int,
                  on_step: Callable[[dict], None] = lambda m: None,
@@ -150,7 +126,7 @@ class Loop:
                 policy = LockedGenerator(self.generator, self.gen_lock)
                 with span("rollout"):
                     rollout = self.stage.rollout(step, policy)
-                rollout.step, rollout.weight_version = step, policy.sampled_version()
+                rollout.step, rollout.weight_version = step, policy.weight_version
             except Exception as e:  # reported to the learner thread, never swallowed
                 rollout = RolloutFailure(step, e, traceback.format_exc())
             self.queue.put(rollout)

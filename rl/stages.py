@@ -51,12 +51,6 @@ def group_of(completions: list, rewards: list[dict], source: str) -> Group:
                  truncated=[hit_cap(c) for c in completions], source=source)
 
 
-def sampled_version(completions: list[list], generator) -> int:
-    """The oldest weight version among a step's completions (the generator's if there are none): what
-    the batch's staleness counts from, since the loop may load newer weights during a rollout."""
-    return min((c.weight_version for group in completions for c in group), default=generator.weight_version)
-
-
 def reward_metrics(groups: list[Group]) -> dict:
     """reward_mean and the mean of each reward part (reward_<part>), over every completion."""
     out = {"reward_mean": mean(r for g in groups for r in g.rewards)}
@@ -149,7 +143,7 @@ class ManagerStage:
                    "completions": n, "forks": len(forks), "fork_s": t2 - t1, "frozen_s": t3 - t2,
                    "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied),
                    "frozen_tokens": sum(len(a[0].token_ids) for a in answers)}
-        return Rollout(TrainBatch(groups, sampled_version(completions, generator)), metrics)
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics)
 
 
 class AnswerStage:
@@ -185,4 +179,4 @@ class AnswerStage:
                    "capped_rate": mean(hit_cap(c) for _, c in flat),
                    "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups), "completions": len(flat)}
-        return Rollout(TrainBatch(groups, sampled_version(completions, generator)), metrics)
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics)

@@ -99,7 +99,7 @@ class GeneratingStage:
 
     def rollout(self, step, generator):
         generator.generate()
-        self.sampled[step] = generator.versions[-1]
+        self.sampled[step] = generator.weight_version
         time.sleep(self.score_s)
         return Rollout(batch={"step": step}, metrics={})
 
