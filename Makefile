@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 install: $(STAMP)
 
-$(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*)
+$(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*) $(wildcard kernels/csrc/*)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip setuptools wheel
 	$(PIP) install -q -r $(REQS)
@@ -52,4 +52,4 @@ bench: $(STAMP)
 	$(PY) -m memr1.bench.loop --json runs/bench/loop.json
 
 clean:
-	rm -rf build *.egg-info memory_store/_core*.so
+	rm -rf build *.egg-info memory_store/_core*.so kernels/_native*.so

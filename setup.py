@@ -1,7 +1,8 @@
 """Install memr1: five top-level folders become subpackages of the `memr1` namespace.
 
-The native core of memory_store is built by CMakeLists.txt (C++17, pybind11) and lands next to
-the Python sources as `memr1.memory_store._core`.
+Two native modules are built by CMakeLists.txt (C++17) and land next to their Python sources:
+memory_store's core (pybind11) as `memr1.memory_store._core`, and the kernels' CPU operators (built
+against the installed torch, registered with torch.library) as `memr1.kernels._native`.
 """
 import os
 import subprocess
@@ -25,8 +26,9 @@ def find_packages_under(folder: str) -> list[str]:
 
 
 class CMakeExtension(Extension):
-    def __init__(self, name: str):
+    def __init__(self, name: str, target: str):
         super().__init__(name, sources=[])
+        self.target = target  # the CMake target that builds this module
 
 
 class CMakeBuild(build_ext):
@@ -44,7 +46,8 @@ class CMakeBuild(build_ext):
             f"-DMEMR1_OUTPUT_DIR={out.parent}",
             f"-DMEMR1_OUTPUT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
         ], cwd=build_dir, check=True)
-        subprocess.run(["cmake", "--build", ".", "-j", str(os.cpu_count() or 2)], cwd=build_dir, check=True)
+        subprocess.run(["cmake", "--build", ".", "--target", ext.target, "-j", str(os.cpu_count() or 2)],
+                       cwd=build_dir, check=True)
 
 
 setup(
@@ -55,7 +58,8 @@ setup(
     package_dir={f"memr1.{name}": name for name in SUBPACKAGES},
     packages=[p for name in SUBPACKAGES for p in find_packages_under(name)],
     package_data={"memr1.bench": ["*.sh"]},
-    ext_modules=[CMakeExtension("memr1.memory_store._core")],
+    ext_modules=[CMakeExtension("memr1.memory_store._core", "memr1_core"),
+                 CMakeExtension("memr1.kernels._native", "memr1_kernels_native")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["torch>=2.13,<2.15", "transformers>=5.16.1", "usearch", "msgspec", "numpy",
                       "safetensors", "tqdm", "tensorboard", "matplotlib"],

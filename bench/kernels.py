@@ -2,7 +2,8 @@
 
     python -m memr1.bench.kernels [--quick] [--threads N] [--only grpo,gae,logprobs] --json PATH
 
-grpo_advantage (headline): memr1's torch path (and Triton on CUDA), eager and torch.compile'd, against
+grpo_advantage (headline): memr1's default path (the C++ loop on CPU, Triton on CUDA) and its torch
+reference, eager and torch.compile'd (the C++ loop is a custom op there), against
 verl's vectorised variant (index_add_ sums and sums of squares, bench/kernel_baselines.py), eager and
 compiled; also a dense view(-1, 8) and, at 4k and 8k, verl's old Python loop. Sizes 4k and 8k (real
 batches: 256 to 8k sequences) besides 64k and 1M (quick: up to 64k); groups of 8, members scattered.
@@ -10,7 +11,8 @@ Rewards U(0,1) (case "typical") and 1e4 + U(0,1) (case "stress": a large common 
 of squares loses its digits). All use the unbiased std with eps 1e-6; errors are the max abs error
 against a float64 two-pass reference on the same fp32 rewards. `headline` in the JSON gives verl's time
 over memr1's per size and case: eager over eager, compiled over compiled, and verl's best over
-memr1's best (above 1: memr1 is faster).
+memr1's best (above 1: memr1 is faster); the torch_reference_* keys give the same ratios for the
+torch reference path.
 gae: memr1's torch path (and Triton) against the loop over time vectorised over the batch (verl's
 form); errors against a scalar float64 loop.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
@@ -37,7 +39,7 @@ import torch
 from memr1.bench import kernel_baselines as base
 from memr1.bench.common import write_json
 from memr1.kernels import gae, grpo_advantage, logprobs
-from memr1.kernels._dispatch import triton_available
+from memr1.kernels._dispatch import native_available, triton_available
 
 GROUP = 8
 MIN_CALLS = 5
@@ -79,6 +81,7 @@ def bench_grpo(device, quick, rows):
     sizes = [4096, 8192, 65536] + ([] if quick else [1 << 20])
     # Compiled once for every size, as a trainer whose batch size changes from step to step would.
     ours_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k, impl="torch")[0], dynamic=True)
+    auto_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k)[0], dynamic=True)  # native op on CPU
     verl_c = torch.compile(base.verl_vectorised, dynamic=True)
     for n in sizes:
         groups = n // GROUP
@@ -99,6 +102,9 @@ def bench_grpo(device, quick, rows):
             }
             if device == "cuda" and triton_available():
                 impls["memr1_triton"] = lambda: grpo_advantage(rd, gd, groups, impl="triton")[0]
+            if device == "cpu" and native_available():
+                impls["memr1_native"] = lambda: grpo_advantage(rd, gd, groups, impl="native")[0]
+                impls["memr1_native_compiled"] = lambda: auto_c(rd, gd, groups)
             if n <= 8192:
                 idx = gid.tolist()
                 impls["verl_loop"] = lambda: base.verl_loop(rd, idx)
@@ -123,10 +129,14 @@ def headline(rows):
             cells.setdefault((r["size"], r["case"]), {})[r["impl"]] = r["ms"]
     for (size, case), ms in cells.items():
         ours = min(v for k, v in ms.items() if k.startswith("memr1"))
+        eager = ms.get("memr1_triton") or ms.get("memr1_native") or ms["memr1_torch"]
+        compiled = ms.get("memr1_native_compiled") or ms["memr1_torch_compiled"]
         out.append({"size": size, "case": case,
-                    "eager": ms["verl_vectorised"] / ms["memr1_torch"],
-                    "compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"],
-                    "best_vs_best": min(ms["verl_vectorised"], ms["verl_vectorised_compiled"]) / ours})
+                    "eager": ms["verl_vectorised"] / eager,
+                    "compiled": ms["verl_vectorised_compiled"] / compiled,
+                    "best_vs_best": min(ms["verl_vectorised"], ms["verl_vectorised_compiled"]) / ours,
+                    "torch_reference_eager": ms["verl_vectorised"] / ms["memr1_torch"],
+                    "torch_reference_compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"]})
     return out
 
 
@@ -247,14 +257,17 @@ def print_row(r):
 
 def add_ratios(rows):
     """ms (and peak) of each row over memr1's in its (kernel, size, case, device) group: compiled rows
-    over memr1's compiled row, the rest over memr1's eager (Triton on CUDA) row."""
+    over memr1's compiled row, the rest over memr1's eager row (the path `auto` takes: Triton on CUDA,
+    the C++ loop on CPU where the kernel has one, else the torch reference)."""
     key = lambda r: (r["kernel"], str(r["size"]), r.get("case"), r["device"])  # noqa: E731
     eager, compiled = {}, {}
+    rank = {"memr1_triton": 0, "memr1_native": 1, "memr1_torch": 2,  # the path `auto` takes first
+            "memr1_native_compiled": 0, "memr1_torch_compiled": 1}
     for r in rows:
-        if r["impl"] == "memr1_triton" or (r["impl"] == "memr1_torch" and key(r) not in eager):
-            eager[key(r)] = r
-        if r["impl"] == "memr1_torch_compiled":
-            compiled[key(r)] = r
+        table = compiled if r["impl"].endswith("compiled") else eager
+        held = table.get(key(r))
+        if r["impl"] in rank and (held is None or rank[r["impl"]] < rank[held["impl"]]):
+            table[key(r)] = r
     for r in rows:
         base_row = (compiled if r["impl"].endswith("compiled") else eager).get(key(r))
         if base_row and base_row["ms"] and r["ms"] is not None:

@@ -1,7 +1,9 @@
-"""Numeric kernels of the trainer: each a Triton kernel plus the torch reference it is tested against.
+"""Numeric kernels of the trainer: each a Triton kernel plus the torch reference it is tested against;
+grpo_advantage also has a C++ path for CPU tensors (csrc/, built by setup.py).
 
-Dispatch: Triton for CUDA tensors, the torch reference otherwise (`impl="auto"`); `impl="triton"`
-also runs on CPU tensors under TRITON_INTERPRET=1, which is how the tests check the kernels.
+Dispatch (`impl="auto"`): Triton for CUDA tensors; for CPU tensors the C++ path where a kernel has
+one, else the torch reference. `impl="triton"` also runs on CPU tensors under TRITON_INTERPRET=1,
+which is how the tests check the kernels.
 """
 from memr1.kernels.gae import gae, gae_ref
 from memr1.kernels.grpo_advantage import grpo_advantage, grpo_advantage_ref

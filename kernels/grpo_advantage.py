@@ -1,13 +1,16 @@
 """Group-normalised advantages for GRPO / Dr.GRPO / RLOO, with a fused broadcast to tokens.
 
-Semantics (shared by the Triton kernels and the torch reference):
+Three paths: Triton kernels for CUDA tensors, a C++ loop for CPU tensors (the operator
+memr1::grpo_advantage_cpu of csrc/grpo_advantage.cpp: two passes with float64 sums), and the torch
+reference that both are tested against. Semantics (shared by all three):
 - Group g holds the sequences i with group_ids[i] == g; ids must lie in [0, num_groups). Groups may be
   ragged, empty and non-contiguous. A row with an id outside that range takes no part in any group
   and gets a NaN advantage (validate=True turns that into a ValueError instead).
-- Statistics are taken on rewards shifted by a pivot, one member's reward (the max in the kernels,
-  the last one scattered in the reference), then in two passes (mean, then centred squares). The
-  shift makes r - pivot exact for rewards with a large common offset, and it makes an all-equal
-  group centre to exactly 0.
+- Statistics are taken on rewards shifted by a pivot, one member's reward (the max in the Triton
+  kernels, the first in row order in the C++ loop, the last one scattered in the reference), then in
+  two passes (mean, then centred squares; the C++ loop takes both sums in one float64 pass, exact
+  enough because a member pivot bounds the cancellation). The shift makes r - pivot exact for rewards
+  with a large common offset, and it makes an all-equal group centre to exactly 0.
 - std: "unbiased" (n-1), "population" (n) or "none" (Dr.GRPO, no scaling).
   baseline "mean":  a_i = (r_i - mean_g) / (std_g + eps)
   baseline "loo":   a_i = (r_i - mean of the other members) / (std_g + eps)
@@ -144,7 +147,7 @@ def grpo_advantage(rewards, group_ids, num_groups, *, response_mask=None, token_
     """Per-sequence advantages [N] and per-token advantages ([N, T], packed [total] or None).
 
     See the module docstring for the exact semantics. Output dtype is float64 for float64 rewards,
-    float32 otherwise.
+    float32 otherwise. `impl`: "auto", "triton", "native" (CPU) or "torch" (kernels/_dispatch.py).
     """
     _check(rewards, group_ids, num_groups, response_mask, token_offsets, std, eps, baseline,
            total_tokens)
@@ -152,8 +155,14 @@ def grpo_advantage(rewards, group_ids, num_groups, *, response_mask=None, token_
         _validate(rewards, group_ids, num_groups, token_offsets)
     kw = dict(response_mask=response_mask, token_offsets=token_offsets, std=std, eps=float(eps),
               baseline=baseline, total_tokens=total_tokens)
-    if resolve_impl(impl, rewards.device) == "torch":
+    which = resolve_impl(impl, rewards.device, native=True)
+    if which == "torch":
         return grpo_advantage_ref(rewards, group_ids, num_groups, **kw)
+    if which == "native":  # csrc/grpo_advantage.cpp, a torch operator (torch.compile keeps it in-graph)
+        r = rewards.detach().to(_compute_dtype(rewards))  # advantages are constants of the loss
+        adv = torch.ops.memr1.grpo_advantage_cpu(r, group_ids, num_groups, STDS[std], baseline == "loo",
+                                                 float(eps))
+        return adv, _broadcast_ref(adv, response_mask, token_offsets, total_tokens)
     return _grpo_triton(rewards, group_ids, num_groups, **kw)
 
 

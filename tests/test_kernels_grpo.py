@@ -1,4 +1,5 @@
-"""grpo_advantage: the Triton kernels against the torch reference, and the reference against hand math."""
+"""grpo_advantage: the Triton kernels and the C++ CPU path against the torch reference, and the reference
+against hand math."""
 import math
 import secrets
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from memr1.kernels import grpo_advantage, grpo_advantage_ref
-from kernel_helpers import DEVICES, IMPLS, need
+from kernel_helpers import DEVICES, GRPO_IMPLS, need
 
 
 def ragged(device, dtype, seed, offset=0.0):
@@ -66,8 +67,61 @@ def test_triton_matches_reference_fp64_and_packed(poisoned, device):
     assert torch.equal(t[offsets[i]:offsets[i + 1]].cpu(), a[i].cpu().expand(int(lengths[i])))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("std,baseline", [("unbiased", "mean"), ("population", "mean"),
+                                          ("none", "mean"), ("unbiased", "loo"), ("none", "loo")])
+def test_native_matches_reference_within_one_output_rounding(poisoned, dtype, std, baseline):
+    """The C++ path sums in float64, so against the float64 reference on the same rewards a float32
+    result may only differ by its final rounding (plus the two float64 computations' own spread, which
+    a 1e4 reward offset raises to about 1e-11); the token broadcasts match the reference's."""
+    need("cpu", "native")
+    seed = secrets.randbelow(2**31)
+    r, gid, G, mask, lengths = ragged("cpu", dtype, seed, offset=float(seed % 2) * 1e4)
+    kw = dict(std=std, baseline=baseline)
+    truth, _ = grpo_advantage_ref(r.double(), gid, G, **kw)
+    a, t = grpo_advantage(r, gid, G, response_mask=mask, impl="native", **kw)
+    assert a.dtype == dtype
+    ulp = 2.0 ** -24 if dtype == torch.float32 else 0.0
+    assert ((a.double() - truth).abs() <= truth.abs() * ulp + 1e-10).all(), f"seed {seed}"
+    assert torch.equal(t, torch.where(mask, a[:, None], 0.0))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    _, packed = grpo_advantage(r, gid, G, token_offsets=offsets, impl="native", **kw)
+    assert torch.equal(packed, a.repeat_interleave(lengths))
+
+
+def test_native_compiles_into_one_graph_for_every_batch_size():
+    """Under torch.compile the C++ path is an operator inside the caller's graph (no break), and its
+    shape function keeps the batch size and group count symbolic (no recompile per batch)."""
+    need("cpu", "native")
+    fn = torch.compile(lambda r, g, k, m: grpo_advantage(r, g, k, response_mask=m)[1] * 2,
+                       fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed, empty_groups in ((5, 0), (6, 3)):  # another N and another group count
+            r, gid, G, mask, _ = ragged("cpu", torch.float32, seed=seed)
+            G += empty_groups
+            want = grpo_advantage(r, gid, G, response_mask=mask, impl="native")[1] * 2
+            assert torch.equal(fn(r, gid, G, mask), want)
+
+
+def test_native_operator_names_bad_arguments():
+    """The operator checks what the Python wrapper would have (a direct torch.ops caller skips it)."""
+    need("cpu", "native")
+    op = torch.ops.memr1.grpo_advantage_cpu
+    r, g = torch.rand(4), torch.tensor([0, 0, 1, 1])
+    for args, word in [((r[None], g), "rewards must be 1-D"), ((r.half(), g), "float32 or float64"),
+                       ((r, g[:3]), "one id per reward"), ((r, g.float()), "integer tensor")]:
+        with pytest.raises(RuntimeError, match=word):
+            op(*args, 2, 0, False, 1e-6)
+    with pytest.raises(RuntimeError, match="num_groups"):
+        op(r, g, -1, 0, False, 1e-6)
+    # int32 ids and a strided view are taken as they are
+    torch.testing.assert_close(op(r[::1], g.int(), 2, 0, False, 1e-6), op(r, g, 2, 0, False, 1e-6))
+    wide = torch.rand(8)
+    torch.testing.assert_close(op(wide[::2], g, 2, 0, False, 1e-6), op(wide[::2].clone(), g, 2, 0, False, 1e-6))
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", GRPO_IMPLS)
 def test_hand_computed(device, impl):
     need(device, impl)
     # group 2 = [1, 2, 3, 4]; group 0 = singleton 7; group 1 = all-equal [5, 5, 5]
@@ -92,7 +146,7 @@ def test_hand_computed(device, impl):
     assert a[1] == 0 and (a[[3, 5, 7]] == 0).all() and torch.isfinite(a).all()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", GRPO_IMPLS)
 def test_large_offset_keeps_accuracy(impl):
     need("cpu", impl)
     r64, gid, G, _, _ = ragged("cpu", torch.float64, seed=secrets.randbelow(2**31), offset=1e4)
@@ -105,7 +159,7 @@ def test_large_offset_keeps_accuracy(impl):
     assert (a.double() - truth).abs().max() < 1e-2
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", GRPO_IMPLS)
 def test_validate_names_the_bad_index(impl):
     need("cpu", impl)
     r = torch.rand(12)
@@ -141,6 +195,7 @@ def test_bad_arguments_are_named():
         (dict(response_mask=torch.ones(3, 5)), "response_mask"),
         (dict(token_offsets=torch.arange(4)), "token_offsets"),
         (dict(impl="cuda"), "impl"),
+        (dict(rewards=r.to("meta"), group_ids=g.to("meta"), impl="native"), "CPU tensors"),
     ]
     for change, word in cases:
         args = dict(rewards=r, group_ids=g, num_groups=2) | change
@@ -149,7 +204,7 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", GRPO_IMPLS)
 def test_no_host_sync_on_cuda(impl):
     need("cuda", impl)
     r, gid, G, mask, lengths = ragged("cuda", torch.float32, seed=1)
@@ -184,3 +239,34 @@ def test_imports_and_runs_without_triton():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_runs_without_the_native_module():
+    """A source tree that skipped the C++ build: auto falls back to the torch reference on CPU, and
+    asking for the native path names what is missing."""
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['memr1.kernels._native'] = None\n"
+        "import torch\n"
+        "from memr1.kernels import grpo_advantage\n"
+        "from memr1.kernels._dispatch import resolve_impl\n"
+        "assert resolve_impl('auto', torch.device('cpu'), native=True) == 'torch'\n"
+        "a, _ = grpo_advantage(torch.tensor([1., 2.]), torch.tensor([0, 0]), 1)\n"
+        "assert a[0] < 0 < a[1]\n"
+        "try:\n"
+        "    grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='native')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'not built' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('impl=native without the module did not raise')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_native_is_offered_only_where_a_kernel_has_it():
+    from memr1.kernels import gae
+    r = torch.rand(2, 3)
+    with pytest.raises(ValueError, match="not offered"):
+        gae(r, torch.rand(2, 4), torch.ones(2, 3, dtype=torch.bool), 0.99, 0.95, impl="native")
