@@ -220,49 +220,47 @@ def test_no_host_sync_on_cuda(impl):
         torch.cuda.set_sync_debug_mode("default")
 
 
-def test_imports_and_runs_without_triton():
-    """A CPU-only install: no triton at all. The package imports; auto runs the references."""
+def run_with_module_missing(module, code):
+    """Run `code` in a fresh interpreter where `module` cannot be imported, as in an install without
+    it; `code` may call raises(fn, cls, word) to check that fn raises cls naming `word`."""
     import subprocess
     import sys
-    code = (
-        "import sys; sys.modules['triton'] = None\n"
+    prelude = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "def raises(fn, cls, word):\n"
+        "    try:\n"
+        "        fn()\n"
+        "    except cls as e:\n"
+        "        assert word in str(e), e\n"
+        "    else:\n"
+        "        raise SystemExit(f'{fn} did not raise {cls.__name__}')\n"
         "import torch\n"
-        "from memr1.kernels import gae, grpo_advantage, logprobs\n"
+        "from memr1.kernels import grpo_advantage\n"
+    )
+    res = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_imports_and_runs_without_triton():
+    """A CPU-only install: no triton at all. The package imports; auto runs the CPU paths."""
+    run_with_module_missing("triton", (
+        "from memr1.kernels import gae, logprobs\n"
         "a, _ = grpo_advantage(torch.tensor([1., 2.]), torch.tensor([0, 0]), 1)\n"
         "assert a.tolist() == [a[0].item(), -a[0].item()] and a[0] < 0\n"
-        "try:\n"
-        "    grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='triton')\n"
-        "except RuntimeError as e:\n"
-        "    assert 'not installed' in str(e)\n"
-        "else:\n"
-        "    raise SystemExit('impl=triton without triton did not raise')\n"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+        "raises(lambda: grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='triton'),\n"
+        "       RuntimeError, 'not installed')\n"))
 
 
 def test_runs_without_the_native_module():
     """A source tree that skipped the C++ build: auto falls back to the torch reference on CPU, and
     asking for the native path names what is missing."""
-    import subprocess
-    import sys
-    code = (
-        "import sys; sys.modules['memr1.kernels._native'] = None\n"
-        "import torch\n"
-        "from memr1.kernels import grpo_advantage\n"
+    run_with_module_missing("memr1.kernels._native", (
         "from memr1.kernels._dispatch import resolve_impl\n"
         "assert resolve_impl('auto', torch.device('cpu'), native=True) == 'torch'\n"
         "a, _ = grpo_advantage(torch.tensor([1., 2.]), torch.tensor([0, 0]), 1)\n"
         "assert a[0] < 0 < a[1]\n"
-        "try:\n"
-        "    grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='native')\n"
-        "except RuntimeError as e:\n"
-        "    assert 'not built' in str(e), e\n"
-        "else:\n"
-        "    raise SystemExit('impl=native without the module did not raise')\n"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+        "raises(lambda: grpo_advantage(torch.tensor([1.]), torch.tensor([0]), 1, impl='native'),\n"
+        "       RuntimeError, 'not built')\n"))
 
 
 def test_native_is_offered_only_where_a_kernel_has_it():
