@@ -14,6 +14,14 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+
+# torch before usearch: usearch's wheel links libstdc++ statically, and when it loads first, torch's C++
+# number formatting breaks (pytorch/pytorch#109923): every torch message is cut at its first integer
+# and torch.compile fails on graphs with slices. The bank itself does not use torch.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
 from usearch.index import Index
 
 from memr1.memory_store import _core

@@ -189,3 +189,16 @@ def test_closed_bank_refuses_writes(bank):
     bank.close()
     with pytest.raises(BankError, match="closed"):
         bank.apply(Noop())
+
+
+def test_importing_the_bank_before_torch_keeps_torch_messages_whole():
+    """usearch (static libstdc++) loaded before torch cuts every torch message at its first number;
+    memory_store loads torch first, so a process that imports the bank first keeps them whole."""
+    code = ("import memr1.memory_store\n"
+            "import torch\n"
+            "try:\n"
+            "    torch.ones(3) + torch.ones(4)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "tensor a (3) must match the size of tensor b (4)" in res.stdout, res.stdout + res.stderr
