@@ -7,6 +7,7 @@ each file's size and CRC32C, checked at open: a flipped bit would otherwise be a
 Segment files are never modified or truncated once renamed into place, so a mapping of one is safe
 for as long as it lives, even after the writer deletes the file.
 """
+import ctypes
 import errno
 import os
 import shutil
@@ -15,12 +16,13 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-# torch before usearch: usearch's wheel links libstdc++ statically, and when it loads first, torch's C++
-# number formatting breaks (pytorch/pytorch#109923): every torch message is cut at its first integer
-# and torch.compile fails on graphs with slices. The bank itself does not use torch.
+# The system libstdc++, loaded globally before usearch: usearch's wheel links its own copy statically,
+# and when that copy is the first in the process, the C++ number formatting of libraries loaded later
+# against the system one breaks (torch: each message cut at its first integer, torch.compile failing
+# on slices; pytorch/pytorch#109923). Linux only; elsewhere a no-op.
 try:
-    import torch  # noqa: F401
-except ImportError:
+    ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+except OSError:
     pass
 from usearch.index import Index
 

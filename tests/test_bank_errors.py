@@ -193,7 +193,8 @@ def test_closed_bank_refuses_writes(bank):
 
 def test_importing_the_bank_before_torch_keeps_torch_messages_whole():
     """usearch (static libstdc++) loaded before torch cuts every torch message at its first number;
-    memory_store loads torch first, so a process that imports the bank first keeps them whole."""
+    memory_store loads the system libstdc++ globally first, so a process that imports the bank before
+    torch keeps them whole."""
     code = ("import memr1.memory_store\n"
             "import torch\n"
             "try:\n"
