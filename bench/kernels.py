@@ -81,7 +81,7 @@ def bench_grpo(device, quick, rows):
     sizes = [4096, 8192, 65536] + ([] if quick else [1 << 20])
     # Compiled once for every size, as a trainer whose batch size changes from step to step would.
     ours_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k, impl="torch")[0], dynamic=True)
-    auto_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k)[0], dynamic=True)  # native op on CPU
+    native_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k, impl="native")[0], dynamic=True)
     verl_c = torch.compile(base.verl_vectorised, dynamic=True)
     for n in sizes:
         groups = n // GROUP
@@ -104,7 +104,7 @@ def bench_grpo(device, quick, rows):
                 impls["memr1_triton"] = lambda: grpo_advantage(rd, gd, groups, impl="triton")[0]
             if device == "cpu" and native_available():
                 impls["memr1_native"] = lambda: grpo_advantage(rd, gd, groups, impl="native")[0]
-                impls["memr1_native_compiled"] = lambda: auto_c(rd, gd, groups)
+                impls["memr1_native_compiled"] = lambda: native_c(rd, gd, groups)
             if n <= 8192:
                 idx = gid.tolist()
                 impls["verl_loop"] = lambda: base.verl_loop(rd, idx)
@@ -120,6 +120,17 @@ def bench_grpo(device, quick, rows):
                 print_row(row)
 
 
+# memr1's row that the ratios are taken against, first present wins: the path `auto` runs (Triton on
+# CUDA, the C++ loop on CPU where the kernel has one), else the torch reference.
+EAGER_BASE = ("memr1_triton", "memr1_native", "memr1_torch")
+COMPILED_BASE = ("memr1_native_compiled", "memr1_torch_compiled")
+
+
+def base_impl(impls, compiled: bool):
+    """The name in `impls` (a collection of impl names) that memr1's ratios are taken against, or None."""
+    return next((i for i in (COMPILED_BASE if compiled else EAGER_BASE) if i in impls), None)
+
+
 def headline(rows):
     """verl's vectorised time over memr1's, per size and case (above 1: memr1 is faster)."""
     out = []
@@ -129,11 +140,9 @@ def headline(rows):
             cells.setdefault((r["size"], r["case"]), {})[r["impl"]] = r["ms"]
     for (size, case), ms in cells.items():
         ours = min(v for k, v in ms.items() if k.startswith("memr1"))
-        eager = ms.get("memr1_triton") or ms.get("memr1_native") or ms["memr1_torch"]
-        compiled = ms.get("memr1_native_compiled") or ms["memr1_torch_compiled"]
         out.append({"size": size, "case": case,
-                    "eager": ms["verl_vectorised"] / eager,
-                    "compiled": ms["verl_vectorised_compiled"] / compiled,
+                    "eager": ms["verl_vectorised"] / ms[base_impl(ms, compiled=False)],
+                    "compiled": ms["verl_vectorised_compiled"] / ms[base_impl(ms, compiled=True)],
                     "best_vs_best": min(ms["verl_vectorised"], ms["verl_vectorised_compiled"]) / ours,
                     "torch_reference_eager": ms["verl_vectorised"] / ms["memr1_torch"],
                     "torch_reference_compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"]})
@@ -260,16 +269,12 @@ def add_ratios(rows):
     over memr1's compiled row, the rest over memr1's eager row (the path `auto` takes: Triton on CUDA,
     the C++ loop on CPU where the kernel has one, else the torch reference)."""
     key = lambda r: (r["kernel"], str(r["size"]), r.get("case"), r["device"])  # noqa: E731
-    eager, compiled = {}, {}
-    rank = {"memr1_triton": 0, "memr1_native": 1, "memr1_torch": 2,  # the path `auto` takes first
-            "memr1_native_compiled": 0, "memr1_torch_compiled": 1}
+    groups = {}
     for r in rows:
-        table = compiled if r["impl"].endswith("compiled") else eager
-        held = table.get(key(r))
-        if r["impl"] in rank and (held is None or rank[r["impl"]] < rank[held["impl"]]):
-            table[key(r)] = r
+        groups.setdefault(key(r), {})[r["impl"]] = r
     for r in rows:
-        base_row = (compiled if r["impl"].endswith("compiled") else eager).get(key(r))
+        group = groups[key(r)]
+        base_row = group.get(base_impl(group, compiled=r["impl"].endswith("compiled")))
         if base_row and base_row["ms"] and r["ms"] is not None:
             r["ms_vs_memr1"] = round(r["ms"] / base_row["ms"], 2)
         if base_row and r.get("peak_mb") and base_row.get("peak_mb"):
