@@ -106,6 +106,14 @@ def summary(rows: list[dict]) -> list[str]:
         if impl != "memr1":
             lines.append(f"{op} {size:,} G={group}: {impl} / memr1 = {p50 / roll[(op, 'memr1', size, group)]:.2f}x")
     for r in rows:
+        if r["impl"] == "memr1_compacted" and r["op"] == "fork_rollout":
+            key = ("fork_rollout", "memr1", r["bank_size"], r["group"])
+            saved_us = (roll[key] - r["p50_us"]) / r["group"]
+            payback = f"repaid after {r['compact_s'] * 1e6 / saved_us:,.0f} forks" if saved_us > 0 else "no saving"
+            lines.append(f"fork_rollout {r['bank_size']:,} G={r['group']}: compacting first ({r['compact_s']:.3f} s) "
+                         f"saves {saved_us:.1f} us a fork: {payback}; overlay / memr1_compacted = "
+                         f"{roll[('fork_rollout', 'usearch_overlay', r['bank_size'], r['group'])] / r['p50_us']:.2f}x")
+    for r in rows:
         if r["impl"] == "memr1" and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
             lines.append(f"memr1 {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, max "
                          f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us ({r.get('compacted', 0)} compacted)")

@@ -12,6 +12,9 @@ so m = 3 ops per fork by default (2.6 observed). Updates and deletes hit distinc
 applies them with apply(), one by one as the baselines do; the trainer's apply_batch adds one O(1) fork
 for atomicity, which the baselines have no counterpart for.
 `op = "fork_ops"` times the same rollouts without the search.
+`memr1_compacted` runs the same rollouts on a copy of memr1's bank compacted once before them (its rows
+carry that compaction's `compact_s`, outside the timer, as the overlay's shared index is built outside
+it): what folding a frozen bank's delta into a base buys each fork's search, and what it costs.
 
 `op = "search_threads"`: T threads (1, 2, 4) share one bank and split n searches; `qps` is n over the
 wall time, `scaling` qps over the one-thread qps, and `cpu_per_wall` the process's CPU time over the
@@ -57,7 +60,11 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
     """`scn` is a memory-layout Scenario that nothing has changed. `fork_ops` rows time the same
     rollouts without the search, to show what the fork and the ops cost on their own."""
     rows = []
-    impls = ("memr1", "usearch_overlay", "numpy_copy")
+    impls = ("memr1", "memr1_compacted", "usearch_overlay", "numpy_copy")
+    roots = dict(scn.impls, memr1_compacted=scn.impls["memr1"].fork())
+    t = time.perf_counter()
+    roots["memr1_compacted"].compact()
+    compact_s = time.perf_counter() - t
     for group in groups:
         ops = plans(scn, group, m, seed=group)
         memr1_ops = [[as_memr1(op) for op in fork_ops] for fork_ops in ops]
@@ -66,10 +73,9 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
 
         def calls(searched: bool):
             out = outs if searched else dict.fromkeys(impls)
-            return {"memr1": lambda _: run_forks(scn.impls["memr1"], memr1_ops, queries, k, out["memr1"],
-                                                 lambda found: found.ids),
-                    **{impl: (lambda _, impl=impl: run_forks(scn.impls[impl], ops, queries, k, out[impl]))
-                       for impl in impls[1:]}}
+            return {impl: (lambda _, impl=impl: run_forks(roots[impl], memr1_ops, queries, k, out[impl],
+                                                          lambda found: found.ids)) if impl.startswith("memr1") else
+                    (lambda _, impl=impl: run_forks(roots[impl], ops, queries, k, out[impl])) for impl in impls}
         states = []
         for fork_ops in ops:
             states.append(scn.truth.fork())
@@ -83,6 +89,8 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
                 r = row(impl, op_name, scn.size, samples[impl], group=group, layout=scn.layout, ops_per_fork=m,
                         **extra)
                 r["per_fork_us"] = r["p50_us"] / group
+                if impl == "memr1_compacted":
+                    r["compact_s"] = compact_s
                 rows.append(r)
     return rows
 

@@ -143,18 +143,25 @@ def spread(xs: list[float]) -> list[float]:
     return [min(xs), max(xs)]
 
 
+def progress(res: dict, settings: dict, trainer: str, what: str) -> dict:
+    """One line per step as it lands: a full-size run takes an hour on a small CPU machine."""
+    print(f"  G={settings['group_size']} {trainer:<14} {what}: {res['wall_s']:.1f} s wall, {res['cpu_s']:.1f} s CPU",
+          flush=True)
+    return res
+
+
 def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: str) -> tuple[list[dict], dict]:
     workers = {}
     try:
         for t in trainers:  # one at a time: loading in parallel would skew every setup peak
             workers[t] = Worker(t, path, args.model, args.activation_checkpointing, tmp)
-        first = {t: w.ask("step") for t, w in workers.items()}
+        first = {t: progress(w.ask("step"), settings, t, "step 1 (checked, untimed)") for t, w in workers.items()}
         agreement = check_agreement(first, args.tol) if "trl" in first and args.tol >= 0 else {}
         times = {t: [] for t in trainers}
         for i in range(args.steps):
             order = trainers[i % len(trainers):] + trainers[:i % len(trainers)]
             for t in order:
-                times[t].append(workers[t].ask("step"))
+                times[t].append(progress(workers[t].ask("step"), settings, t, f"timed step {i + 1}/{args.steps}"))
         final = {t: w.ask("quit") for t, w in workers.items()}
     finally:
         for w in workers.values():

@@ -148,9 +148,12 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
 def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
     rows = quick["rows"]
     roll = {(r["impl"], r["group"]): r for r in rows if r["op"] == "fork_rollout"}
-    assert set(roll) == {(i, g) for i in ("memr1", "usearch_overlay", "numpy_copy") for g in (8, 64, 512)}
+    impls = ("memr1", "memr1_compacted", "usearch_overlay", "numpy_copy")
+    assert set(roll) == {(i, g) for i in impls for g in (8, 64, 512)}
     for r in roll.values():
         assert r["recall_at_k"] >= 0.9 and r["per_fork_us"] > 0 and r["ops_per_fork"] == 3
+        assert ("compact_s" in r) == (r["impl"] == "memr1_compacted")
+    assert all(roll[("memr1_compacted", g)]["compact_s"] > 0 for g in (8, 64, 512))
     assert {(r["impl"], r["group"]) for r in rows if r["op"] == "fork_ops"} == set(roll)
     threads = {(r["impl"], r["layout"], r["threads"]): r for r in rows if r["op"] == "search_threads"}
     assert {t for _, _, t in threads} == {1, 2, 4}
