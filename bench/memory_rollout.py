@@ -44,7 +44,7 @@ def plans(scn, group: int, m: int, seed: int) -> list[list[tuple]]:
     return out
 
 
-def run_forks(root, ops, queries, k, out, ids_of=lambda found: found):
+def run_forks(root, ops, queries, k, out, ids_of):
     """G rollouts on one bank: fork, apply the fork's ops, search (into `out` unless None), drop.
     `ids_of` reads the ids out of a search result (memr1 returns a SearchResult, baselines the ids)."""
     for g, fork_ops in enumerate(ops):
@@ -70,12 +70,14 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
         memr1_ops = [[as_memr1(op) for op in fork_ops] for fork_ops in ops]
         queries = clustered(group, seed=scn.size + group)
         outs = {impl: [None] * group for impl in impls}
+        # memr1's banks take its op records and return a SearchResult; the baselines take the plain ops.
+        plan = {impl: (memr1_ops, lambda found: found.ids) if impl.startswith("memr1") else (ops, lambda found: found)
+                for impl in impls}
 
         def calls(searched: bool):
             out = outs if searched else dict.fromkeys(impls)
-            return {impl: (lambda _, impl=impl: run_forks(roots[impl], memr1_ops, queries, k, out[impl],
-                                                          lambda found: found.ids)) if impl.startswith("memr1") else
-                    (lambda _, impl=impl: run_forks(roots[impl], ops, queries, k, out[impl])) for impl in impls}
+            return {impl: (lambda _, impl=impl: run_forks(roots[impl], plan[impl][0], queries, k, out[impl],
+                                                          plan[impl][1])) for impl in impls}
         states = []
         for fork_ops in ops:
             states.append(scn.truth.fork())
