@@ -58,7 +58,7 @@ class Memr1:
                           dual_clip=0.0,  # TRL has no dual clip (its `delta` is off by default)
                           kl_coef=0.0, entropy_coef=0.0)
         # anchor "behaviour": the ratio is taken against the given old log-probs, as TRL does with
-        # `old_per_token_logps`; the rows layout with sdpa is what memr1 runs on CPU.
+        # `old_per_token_logps`; the rows layout (prefix attention over SDPA) is what memr1 runs on CPU.
         cfg = LearnerConfig(grad_clip=s["grad_clip"], micro_batch_tokens=s["micro_batch_tokens"], attn_impl="sdpa",
                             layout="rows", share_prefix=share, pad_bucket=s["pad_bucket"], anchor="behaviour",
                             activation_checkpointing=checkpointing, loss=loss)

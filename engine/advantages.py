@@ -50,7 +50,7 @@ def ppo_token_targets(learner, batch: TrainBatch, micros: list[Micro]) -> None:
     kl_coef = cfg.loss.kl_coef if cfg.loss.kl_in_reward else 0.0
     for m in micros:
         with learner.compute():
-            m.old_values = learner.critic(m.input_ids, m.position_ids, m.attention_mask).reshape(-1)[m.index].float()
+            m.old_values = learner.critic(**m.model_inputs()).reshape(-1)[m.index].float()
             if kl_coef:
                 m.kl = kl_penalty(learner.policy(m), learner.ref(m), cfg.loss.kl_estimator)
     real = [m for m in micros if not m.dummy]

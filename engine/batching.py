@@ -7,17 +7,19 @@ every rank (FSDP collectives must line up), so the learner agrees on it with one
 
 Two layouts. "packed": all sequences of a micro-batch in one row, boundaries from position_ids, for
 backends with variable-length kernels (flash_attention_2); no padding at all. "rows": one row per
-unit, padded up to a multiple of `pad_bucket` (few distinct shapes), with an explicit 4-D mask, for
-mask-based backends (sdpa, eager). With prompt sharing a unit is a whole group: the row holds the
-prompt once, then each response, and each response attends to the prompt and to itself only.
-Causality makes this exact, and the prompt is computed once instead of G times (and counts once
-against the token budget). Without sharing (or packed) a unit is one prompt + response.
+unit, padded up to a multiple of `pad_bucket` (few distinct shapes), described by a PrefixLayout for
+memr1's prefix attention (engine/prefix_attention.py, over SDPA). With prompt sharing a unit is a whole
+group: the row holds the prompt once, then each response, and each response attends to the prompt
+and to itself only. Causality makes this exact, and the prompt is computed once instead of G times
+(and counts once against the token budget). Without sharing (or packed) a unit is one prompt + response.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from memr1.engine.prefix_attention import PrefixLayout, layout
 
 
 @dataclass
@@ -34,7 +36,7 @@ class Micro:
     """One forward pass worth of sequences. Per-token tensors are flat over trained response tokens."""
     input_ids: torch.Tensor                 # [rows, L]
     position_ids: torch.Tensor              # [rows, L]
-    attention_mask: torch.Tensor | None     # [rows, 1, L, L] bool (True = attend); None when packed
+    prefix: PrefixLayout | None             # the rows layout's attention pattern; None when packed
     index: torch.Tensor                     # [M] flat hidden-state row predicting each target
     targets: torch.Tensor                   # [M]
     seq_ids: torch.Tensor                   # [M] sequence of each token, local to this micro-batch
@@ -47,6 +49,11 @@ class Micro:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None          # PPO with the KL in the reward
+
+    def model_inputs(self) -> dict:
+        """The keywords of a model call on this micro-batch (transformers hands `prefix` to attention)."""
+        extra = {} if self.prefix is None else {"prefix": self.prefix}
+        return dict(input_ids=self.input_ids, position_ids=self.position_ids, **extra)
 
 
 def units_of(batch, share: bool) -> list[list[Seq]]:
@@ -88,7 +95,8 @@ def build_micro(units: list[list[Seq]], packed: bool, bucket: int, device: torch
     if not units:  # two tokens, one target, zero weight: only there to keep collectives in step
         z = torch.zeros(1, 2, dtype=torch.long, device=device)
         one = torch.zeros(1, dtype=torch.long, device=device)
-        return Micro(z, torch.arange(2, device=device)[None], None, one, one, one, one,
+        prefix = None if packed else layout([(1, [1])], 2, device)
+        return Micro(z, torch.arange(2, device=device)[None], prefix, one, one, one, one,
                      torch.zeros(1, dtype=torch.long), torch.zeros(1, device=device), 1, dummy=True)
     rows, index, targets, seq_ids, pos, behav, gseq = [], [], [], [], [], [], []
     width = -(-max(unit_cost(u) for u in units) // bucket) * bucket
@@ -96,8 +104,8 @@ def build_micro(units: list[list[Seq]], packed: bool, bucket: int, device: torch
     for unit in units:
         prompt = unit[0].prompt
         p = len(prompt)
-        ids, posn, seg, start = [prompt], [torch.arange(p)], [torch.zeros(p, dtype=torch.long)], p
-        for j, s in enumerate(unit):
+        ids, posn, start = [prompt], [torch.arange(p)], p
+        for s in unit:
             r = len(s.response)
             # response token t sits at p + t of its own sequence; the hidden state one before predicts it
             src = torch.arange(p - 1, p - 1 + r)
@@ -109,27 +117,21 @@ def build_micro(units: list[list[Seq]], packed: bool, bucket: int, device: torch
                 behav.append(s.behav)
             ids.append(s.response)
             posn.append(torch.arange(p, p + r))
-            seg.append(torch.full((r,), j + 1))
             gseq.append(s.index)
             start += r
             local += 1
-        rows.append((torch.cat(ids), torch.cat(posn), torch.cat(seg)))
+        rows.append((torch.cat(ids), torch.cat(posn)))
         offset += len(rows[-1][0]) if packed else width
     if packed:
-        input_ids, position_ids, attention_mask = (torch.cat([r[0] for r in rows])[None],
-                                                   torch.cat([r[1] for r in rows])[None], None)
+        input_ids, position_ids, prefix = (torch.cat([r[0] for r in rows])[None],
+                                           torch.cat([r[1] for r in rows])[None], None)
     else:
         input_ids = torch.zeros(len(rows), width, dtype=torch.long)
         position_ids = torch.zeros(len(rows), width, dtype=torch.long)
-        seg_ids = torch.full((len(rows), width), -1)
-        for r, (x, pp, sg) in enumerate(rows):
-            input_ids[r, :len(x)], position_ids[r, :len(x)], seg_ids[r, :len(x)] = x, pp, sg
-        q, k = seg_ids[:, :, None], seg_ids[:, None, :]
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        attention_mask = causal & (k >= 0) & ((k == 0) | (k == q))
-        attention_mask |= torch.eye(width, dtype=torch.bool)  # padding rows attend to themselves: no NaN
-        attention_mask = attention_mask[:, None].to(device)
+        for r, (x, pp) in enumerate(rows):
+            input_ids[r, :len(x)], position_ids[r, :len(x)] = x, pp
+        prefix = layout([(len(u[0].prompt), [len(s.response) for s in u]) for u in units], width, device)
     to = lambda t: torch.cat(t).to(device)
     has_behav = all(s.behav is not None for u in units for s in u)
-    return Micro(input_ids.to(device), position_ids.to(device), attention_mask, to(index), to(targets), to(seq_ids),
+    return Micro(input_ids.to(device), position_ids.to(device), prefix, to(index), to(targets), to(seq_ids),
                  to(pos), torch.tensor(gseq), to(behav) if has_behav else None, local)

@@ -22,7 +22,7 @@ from msgspec import Meta
 import numpy as np
 import torch
 
-from memr1.engine import dist as dist_utils
+from memr1.engine import dist as dist_utils, prefix_attention
 from memr1.engine.advantages import drop_zero_advantage_groups, group_advantages, ppo_token_targets
 from memr1.engine.batching import build_micro, micro_count, split_units, units_of
 from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
@@ -37,7 +37,8 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     algo: Literal["grpo", "dr_grpo", "ppo"] = "grpo"   # dr_grpo: GRPO without std scaling and with a
                                        # constant-length token sum (config resolution sets both)
     device: str = "cpu"
-    attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa
+    attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa (the rows layout
+                                       # always runs engine/prefix_attention.py, which is SDPA-based)
     warmup_steps: Annotated[int, Meta(ge=0)] = 0       # linear warmup, then constant
     weight_decay: Annotated[float, Meta(ge=0)] = 0.0
     betas: tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]] = (0.9, 0.999)
@@ -92,9 +93,14 @@ class Learner:
         attn = dist_utils.attn_implementation(cfg.attn_impl)
         # Packing needs a variable-length kernel; with mask-based attention it would cost O(packed^2).
         self.packed = cfg.layout == "packed" or (cfg.layout == "auto" and attn == "flash_attention_2")
+        if not self.packed:  # the rows layout has one attention: memr1's prefix attention, over SDPA
+            if cfg.attn_impl not in ("auto", "sdpa"):
+                raise ValueError(f"learner.attn_impl={cfg.attn_impl!r} needs learner.layout='packed'; the rows "
+                                 "layout runs memr1's prefix attention over SDPA (attn_impl 'auto' or 'sdpa')")
+            attn = prefix_attention.NAME
         seed_everything(seed)
         ac, dev = cfg.activation_checkpointing, self.d.device
-        lm = load_lm(model_path, cfg.attn_impl, ac, dev)
+        lm = load_lm(model_path, attn, ac, dev)
         if cfg.train_layers:
             freeze_below(lm, cfg.train_layers)
         self.hf_config = lm.config
@@ -110,12 +116,12 @@ class Learner:
         self.sched = warmup_schedule(self.optim, cfg.warmup_steps)
         self.ref = None
         if cfg.loss.kl_coef:  # coefficient 0: the reference model is never loaded
-            ref_lm = load_lm(model_path, cfg.attn_impl, ac, dev).requires_grad_(False)
+            ref_lm = load_lm(model_path, attn, ac, dev).requires_grad_(False)
             self.ref = dist_utils.shard(PolicyModel(ref_lm, temperature, cfg.logprob_chunk),
                                         dist_utils.decoder_layers(ref_lm), self.d)
         self.critic = None
         if cfg.algo == "ppo":
-            backbone = load_lm(model_path, cfg.attn_impl, ac, dev, head=False)
+            backbone = load_lm(model_path, attn, ac, dev, head=False)
             self.critic = dist_utils.shard(Critic(backbone, self.hf_config.hidden_size).to(dev), backbone.layers, self.d)
             self.critic_optim = adamw(self.critic.parameters(), cfg.ppo.critic_lr, cfg.betas, cfg.weight_decay)
             self.critic_sched = warmup_schedule(self.critic_optim, cfg.warmup_steps)
@@ -182,7 +188,7 @@ class Learner:
             m["loss"] = loss.detach()
             if self.critic is not None:
                 with span("learner_forward"), self.compute():
-                    values = self.critic(micro.input_ids, micro.position_ids, micro.attention_mask)
+                    values = self.critic(**micro.model_inputs())
                 values = values.reshape(-1)[micro.index]
                 vloss = value_loss(values, micro.old_values, micro.returns, micro.seq_ids, micro.num_seqs,
                                    denom, cfg.loss)

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from memr1 import kernels
-from memr1.engine import dist as dist_utils
 
 
 class PolicyModel(nn.Module):
@@ -20,8 +19,7 @@ class PolicyModel(nn.Module):
 
     def forward(self, micro, entropy: bool = False):
         base = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = base(input_ids=micro.input_ids, position_ids=micro.position_ids,
-                      attention_mask=micro.attention_mask, use_cache=False).last_hidden_state
+        hidden = base(**micro.model_inputs(), use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1])[micro.index]
         weight = self.lm.get_output_embeddings().weight
         weight = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)  # autocast: bf16 hidden
@@ -29,11 +27,12 @@ class PolicyModel(nn.Module):
                                 temperature=self.temperature, entropy=entropy, chunk_tokens=self.chunk)
 
 
-def load_lm(path: str, attn_impl: str, checkpointing: bool, device: torch.device, head: bool = True) -> nn.Module:
-    """The HF model at `path` in fp32 (the causal LM, or its backbone alone with head=False)."""
+def load_lm(path: str, attn: str, checkpointing: bool, device: torch.device, head: bool = True) -> nn.Module:
+    """The HF model at `path` in fp32 (the causal LM, or its backbone alone with head=False), with the
+    attention implementation named `attn` (transformers' name, or engine/prefix_attention.py's)."""
     from transformers import AutoModel, AutoModelForCausalLM
     cls = AutoModelForCausalLM if head else AutoModel
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=dist_utils.attn_implementation(attn_impl))
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
     if checkpointing:
         # Recompute each block in backward (non-reentrant, which FSDP2 needs). Blocks only recompute in
         # train mode; these models have no dropout, so train mode changes nothing else.

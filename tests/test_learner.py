@@ -45,11 +45,14 @@ def weights(learner):
     return {k: v.clone() for bucket in learner.export_weights() for k, v in bucket}
 
 
-def test_logprobs_match_full_logits(tiny):
+@pytest.mark.parametrize("layout,share", [("packed", False), ("rows", False), ("rows", True)])
+def test_logprobs_match_full_logits(tiny, layout, share):
     from transformers import AutoModelForCausalLM
-    learner = learner_for(tiny, temperature=0.7)
+    learner = learner_for(tiny, temperature=0.7, layout=layout)
     batch = make_batch()
-    micro = build_micro(units_of(batch, share=False)[:3], True, 64, torch.device("cpu"))
+    units = units_of(batch, share=share)[:2 if share else 3]
+    micro = build_micro(units, layout == "packed", 8, torch.device("cpu"))
+    n = sum(map(len, units))
     with torch.no_grad():
         got = learner.policy(micro)
         lm = AutoModelForCausalLM.from_pretrained(tiny)
@@ -60,7 +63,19 @@ def test_logprobs_match_full_logits(tiny):
                 lp = torch.log_softmax(lm(x[None]).logits[0] / 0.7, -1)
                 t = torch.arange(len(g.prompt_ids), len(x))
                 want.append(lp[t - 1, x[t]])
-    assert torch.allclose(got, torch.cat(want[:3]), atol=1e-5)
+    assert torch.allclose(got, torch.cat(want[:n]), atol=1e-5)
+
+
+def test_a_rows_layout_model_called_without_a_layout_is_plain_sdpa(tiny):
+    from transformers import AutoModelForCausalLM
+    learner = learner_for(tiny, layout="rows")
+    sdpa = AutoModelForCausalLM.from_pretrained(tiny, attn_implementation="sdpa")
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        got, want = (m(ids, attention_mask=mask).logits for m in (learner.policy.lm, sdpa))
+    assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=1e-5)
 
 
 def test_a_group_shares_its_prompt_in_one_row(tiny):
@@ -73,7 +88,7 @@ def test_a_group_shares_its_prompt_in_one_row(tiny):
     assert micro.input_ids.shape[0] == 2 and (micro.input_ids[0] != 0).sum() <= p + batch.groups[0].response_tokens
     with torch.no_grad():
         got = learner.policy(micro)
-        want = learner.policy(build_micro(separate, True, 8, torch.device("cpu")))
+        want = learner_for(tiny, layout="packed").policy(build_micro(separate, True, 8, torch.device("cpu")))
     assert torch.allclose(got, want, atol=1e-5)
     assert batch.positions == sum(len(g.prompt_ids) + g.response_tokens for g in batch.groups)
 
@@ -137,6 +152,8 @@ def test_bad_input_is_a_clear_error(tiny):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             learner_for(tiny, device="cuda")
+    with pytest.raises(ValueError, match="attn_impl='eager' needs learner.layout='packed'"):
+        learner_for(tiny, layout="rows", attn_impl="eager")
     learner = learner_for(tiny)
     with pytest.raises(ValueError, match="empty"):
         learner.train_step(TrainBatch([]))

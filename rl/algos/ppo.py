@@ -33,9 +33,10 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.weight)  # start as a constant predictor: no random early targets
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None):
-        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                               use_cache=False).last_hidden_state
+    def forward(self, input_ids, position_ids=None, **attention):
+        """`attention`: what the backbone's attention needs besides ids (a mask, or a layout)."""
+        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                               **attention).last_hidden_state
         return self.value_head(hidden.float()).squeeze(-1)
 
 
