@@ -8,7 +8,8 @@ for such a row: sdpa attention with a [1, 1, L, L] boolean mask (causal, the pro
 response, the responses blind to each other), over which SDPA computes all L² pairs. `memr1_prefix` is
 engine/prefix_attention.py on the same row: the prompt causally, then the responses batched against the
 prompt's keys and their own. This isolates the attention: bench.train_step's `memr1` row is prompt
-sharing and this attention together.
+sharing and this attention together. The other competent choice, flex_attention with a block mask,
+has no row: torch has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU").
 
 Both sides run the same weights, token ids, positions and loss (the mean square of the final hidden
 states at the response positions, so that every position's gradient flows), forward and backward, fp32,
