@@ -9,7 +9,8 @@ So each layer makes two SDPA calls instead:
 - the prompts, the first `prompt_width` positions of every row, causally (no mask at all);
 - the responses stacked as a batch [responses, Rmax], each against its row's prompt keys and then its
   own keys, under a small [responses, 1, Rmax, prompt_width + Rmax] mask.
-The outputs land back at their row positions. Padding positions and a row's positions past its own
+The outputs land back at their row positions. When every row holds one response (prompt sharing off),
+a row is one causal sequence: a single causal SDPA call over the rows, with nothing gathered. Padding positions and a row's positions past its own
 prompt inside `prompt_width` get outputs that nothing reads: no real query ever attends to them (they
 are masked keys) and no target sits on them. Every real query keeps at least one unmasked key (its
 row's first token), so no softmax row is empty.
@@ -39,6 +40,7 @@ class PrefixLayout:
     mask: torch.Tensor       # [N, 1, Rmax, prompt_width + Rmax] bool, True = attend
     dst: torch.Tensor        # [V] flat index of every real response token
     src: torch.Tensor        # [V] the same token's place in the flattened [N * Rmax] response grid
+    single: bool             # every row holds one response: each row is just causal
 
 
 def layout(rows: list[tuple[int, list[int]]], width: int, device: torch.device) -> PrefixLayout:
@@ -61,7 +63,8 @@ def layout(rows: list[tuple[int, list[int]]], width: int, device: torch.device) 
     mask = torch.cat([prompt, own], 2)[:, None]
     real = t[None, :] < length[:, None]                                                       # [N, Rmax]
     return PrefixLayout(p_max, gather.to(device), torch.tensor(row, device=device), mask.to(device),
-                        gather[real].to(device), real.reshape(-1).nonzero().squeeze(1).to(device))
+                        gather[real].to(device), real.reshape(-1).nonzero().squeeze(1).to(device),
+                        all(len(lengths) == 1 for _, lengths in rows))
 
 
 def prefix_attention(module, query, key, value, attention_mask, prefix: PrefixLayout | None = None, **kwargs):
@@ -69,9 +72,11 @@ def prefix_attention(module, query, key, value, attention_mask, prefix: PrefixLa
     ([B, L, H, D], None). With a layout, `attention_mask` (what transformers made of position_ids) is unused."""
     if prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    kwargs.pop("is_causal", None)
+    if prefix.single:  # padding sits at the row ends, where causality keeps it from every real query
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
     b, h, length, d = query.shape
     p = prefix.prompt_width
-    kwargs.pop("is_causal", None)
     out_prompt, _ = sdpa_attention_forward(module, query[:, :, :p], key[:, :, :p], value[:, :, :p], None,
                                            is_causal=True, **kwargs)                    # [B, P, H, D]
 
