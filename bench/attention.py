@@ -55,7 +55,6 @@ class Side:
     def __init__(self, impl: str, model_path: str, group: int, s: dict):
         from transformers import AutoModelForCausalLM
         attn = "sdpa" if impl == "dense_mask" else prefix_attention.NAME
-        self.impl = impl
         self.lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn)
         self.lm.train()
         g = torch.Generator().manual_seed(group)
@@ -70,7 +69,7 @@ class Side:
         self.attn = ({"attention_mask": dense_mask(self.micro, s["prompt"], lengths)} if impl == "dense_mask" else
                      {"prefix": prefix_attention.layout([(s["prompt"], lengths)], width, torch.device("cpu"))})
         self.build_ms = 1e3 * (time.perf_counter() - t)
-        self.width, self.positions = self.micro.input_ids.shape[1], s["prompt"] + sum(lengths)
+        self.width, self.positions = width, s["prompt"] + sum(lengths)
 
     def step(self):
         """Forward + backward; the final hidden states at response positions and the embedding gradient."""

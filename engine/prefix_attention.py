@@ -9,11 +9,11 @@ So each layer makes two SDPA calls instead:
 - the prompts, the first `prompt_width` positions of every row, causally (no mask at all);
 - the responses stacked as a batch [responses, Rmax], each against its row's prompt keys and then its
   own keys, under a small [responses, 1, Rmax, prompt_width + Rmax] mask.
-The outputs land back at their row positions. When every row holds one response (prompt sharing off),
-a row is one causal sequence: a single causal SDPA call over the rows, with nothing gathered. Padding positions and a row's positions past its own
+The outputs land back at their row positions. Padding positions and a row's positions past its own
 prompt inside `prompt_width` get outputs that nothing reads: no real query ever attends to them (they
 are masked keys) and no target sits on them. Every real query keeps at least one unmasked key (its
-row's first token), so no softmax row is empty.
+row's first token), so no softmax row is empty. When every row holds one response (prompt sharing
+off), a row is one causal sequence: a single causal SDPA call over the rows, with nothing gathered.
 
 Registered with transformers as the attention implementation "memr1_prefix"; the layout travels as the
 model call's `prefix` keyword, which transformers hands to every attention call. A call without it (a
