@@ -22,12 +22,13 @@ Each impl runs in a fresh subprocess; peak memory is the rise of the process's p
 its RSS before the first call (CUDA: max_memory_allocated over the allocation before).
 
 Times are medians of at least 5 calls after one untimed call (CUDA: triton.testing.do_bench); on CPU
-the calls run in interleaved rounds so that load from other work hits every impl alike. On a shared
+the calls run in interleaved rounds, each in a fresh (seeded) random order, so that load from other work hits every impl alike. On a shared
 CPU, --threads 1 avoids OpenMP stalls that otherwise swamp the small ops.
 """
 import argparse
 import logging
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -52,8 +53,8 @@ def cuda_ms(fn):
 
 def measure(impls, device, repeat, few=()):
     """Output and first-call seconds of each impl, then the median ms of `repeat` timed calls
-    (MIN_CALLS for the `few` slow ones), taken in interleaved rounds; on CUDA do_bench times all
-    but the slow ones."""
+    (MIN_CALLS for the `few` slow ones), taken in interleaved rounds, each in a new random order;
+    on CUDA do_bench times all but the slow ones."""
     outs, first = {}, {}
     for name, fn in impls.items():
         t0 = time.perf_counter()
@@ -63,8 +64,12 @@ def measure(impls, device, repeat, few=()):
         first[name] = time.perf_counter() - t0
     ms = {name: cuda_ms(fn) for name, fn in impls.items() if name not in few} if device == "cuda" else {}
     times = {name: [] for name in impls if name not in ms}
+    names, order = list(times), random.Random(0)
     for i in range(max(repeat, MIN_CALLS)):
-        for name in times:
+        # A fresh order each round: an impl that runs right after another on the same inputs finds
+        # them in cache, so a fixed order would hand that warm start to the same impl every round.
+        order.shuffle(names)
+        for name in names:
             if name in few and i >= MIN_CALLS:
                 continue
             t0 = time.perf_counter()
@@ -77,6 +82,12 @@ def measure(impls, device, repeat, few=()):
 
 
 # ----------------------------------------------------------------------------- grpo
+def grpo_rounds(n):
+    """Interleaved rounds per size: a call at 4k-64k takes tens to hundreds of microseconds, where this
+    host's run-to-run swings (up to 1.7x between two modes) need many samples for a stable median."""
+    return 200 if n <= 8192 else 100 if n <= 65536 else 15
+
+
 def bench_grpo(device, quick, rows):
     sizes = [4096, 8192, 65536] + ([] if quick else [1 << 20])
     # Compiled once for every size, as a trainer whose batch size changes from step to step would.
@@ -108,7 +119,7 @@ def bench_grpo(device, quick, rows):
             if n <= 8192:
                 idx = gid.tolist()
                 impls["verl_loop"] = lambda: base.verl_loop(rd, idx)
-            outs, ms, first = measure(impls, device, 20 if n <= 65536 else 9, few=("verl_loop",))
+            outs, ms, first = measure(impls, device, grpo_rounds(n), few=("verl_loop",))
             for impl in impls:
                 want = truth[order] if impl == "dense_view" else truth
                 row = {"kernel": "grpo_advantage", "impl": impl, "size": n, "case": case,
@@ -317,7 +328,8 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, "kernels", rows, headline=heads, settings={
             "quick": args.quick, "only": args.only, "device": args.device, "threads": torch.get_num_threads(),
-            "group": GROUP, "eps": base.EPS, "std": "unbiased", "min_calls": MIN_CALLS, "gae_gamma_lam": [0.99, 0.95],
+            "group": GROUP, "eps": base.EPS, "std": "unbiased", "min_calls": MIN_CALLS,
+            "grpo_rounds": {n: grpo_rounds(n) for n in (4096, 8192, 65536, 1 << 20)}, "gae_gamma_lam": [0.99, 0.95],
             "compile": "torch.compile(dynamic=True), one for all sizes"})
     return 0
 

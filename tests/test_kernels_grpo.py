@@ -89,6 +89,35 @@ def test_native_matches_reference_within_one_output_rounding(poisoned, dtype, st
     assert torch.equal(packed, a.repeat_interleave(lengths))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_matches_reference_past_l2(dtype):
+    """A group table of 12-16 MB, past any core's L2, takes the prefetching passes; a group of 300
+    members, past the reciprocal table, divides. Both must agree with the float64 reference as the
+    small batches do, with out-of-range ids still NaN and all-equal pairs exactly 0."""
+    need("cpu", "native")
+    seed = secrets.randbelow(2**31)
+    g = torch.Generator().manual_seed(seed)
+    num_groups = 1 << 19
+    gid = torch.arange(num_groups).repeat_interleave(2)
+    gid[:300] = 7  # one group of 300; groups 0..149 other than 7 are left empty
+    gid = torch.cat([gid, torch.tensor([-1, num_groups])])[torch.randperm(len(gid) + 2, generator=g)]
+    # On a 1/64 grid: with 1M pairs some would otherwise differ by ~1e-6, where a 1e4 offset's rounding
+    # (1.8e-12 in float64) is magnified to ~1e-6 in any two float64 computations alike.
+    grid = torch.randint(0, 64, (len(gid),), generator=g, dtype=torch.float64) / 64
+    r = (1e4 * (seed % 2) + grid).to(dtype)
+    truth, _ = grpo_advantage_ref(r.double(), gid, num_groups)
+    a, _ = grpo_advantage(r, gid, num_groups, impl="native")
+    outside = (gid < 0) | (gid >= num_groups)
+    assert torch.isnan(a[outside]).all() and not torch.isnan(a[~outside]).any(), f"seed {seed}"
+    ulp = 2.0 ** -24 if dtype == torch.float32 else 0.0
+    err = (a[~outside].double() - truth[~outside]).abs() - truth[~outside].abs() * ulp
+    assert (err <= 1e-10).all(), f"seed {seed}"
+    ids = gid[~outside]
+    lo = r.new_full((num_groups,), math.inf).scatter_reduce(0, ids, r[~outside], "amin")
+    hi = r.new_full((num_groups,), -math.inf).scatter_reduce(0, ids, r[~outside], "amax")
+    assert (a[~outside][lo[ids] == hi[ids]] == 0).all(), f"seed {seed}"  # all-equal groups
+
+
 def test_native_compiles_into_one_graph_for_every_batch_size():
     """Under torch.compile the C++ path is an operator inside the caller's graph (no break), and its
     shape function keeps the batch size and group count symbolic (no recompile per batch)."""
