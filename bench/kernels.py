@@ -13,8 +13,9 @@ against a float64 two-pass reference on the same fp32 rewards. `headline` in the
 over memr1's per size and case: eager over eager, compiled over compiled, and verl's best over
 memr1's best (above 1: memr1 is faster); the torch_reference_* keys give the same ratios for the
 torch reference path.
-gae: memr1's torch path (and Triton) against the loop over time vectorised over the batch (verl's
-form); errors against a scalar float64 loop.
+gae: memr1's default path (the C++ loop on CPU, on torch's intra-op threads; Triton on CUDA) and its
+torch reference against the loop over time vectorised over the batch (verl's form); errors against a
+scalar float64 loop.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
 path against the naive path (log_softmax of the full logits, gather) and TRL's selective_log_softmax
 (skipped when TRL is not installed); errors of the log-probs and both gradients against float64.
@@ -175,6 +176,8 @@ def bench_gae(device, quick, rows):
                  "batched_loop": lambda: base.gae_batched(rd, vd, md, 0.99, 0.95)}
         if device == "cuda" and triton_available():
             impls["memr1_triton"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="triton")
+        if device == "cpu" and native_available():
+            impls["memr1_native"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="native")
         outs, ms, _ = measure(impls, device, 10)
         for impl in impls:
             err = (outs[impl][0].double().cpu() - truth).abs().max().item()

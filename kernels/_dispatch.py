@@ -53,7 +53,7 @@ def interpreting() -> bool:
 
 def resolve_impl(impl: str, device: torch.device, native: bool = False) -> str:
     """Return "triton", "native" or "torch" for a tensor on `device`; `native`: whether the kernel
-    has a C++ CPU path (grpo_advantage).
+    has a C++ CPU path (grpo_advantage, gae).
 
     "auto" picks Triton for CUDA tensors when triton imports, the native path for CPU tensors when the
     kernel has one and it is built, the torch reference otherwise. An explicit "triton" or "native"

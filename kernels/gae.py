@@ -1,6 +1,8 @@
-"""Generalised advantage estimation (PPO) as a reverse scan over time.
+"""Generalised advantage estimation (PPO) as a reverse scan over time: a Triton kernel for CUDA
+tensors, a C++ loop for CPU tensors (the operator memr1::gae_cpu of csrc/gae.cpp), and the torch
+reference that both are tested against.
 
-Semantics (shared by the Triton kernel and the torch reference):
+Semantics (shared by all three):
 - values is [N, T+1], where values[:, T] is the value after the last step, or [N, T] with
   `bootstrap` [N] giving that value (zeros when bootstrap is None: a terminal end).
 - A step with mask == 0 is skipped: it leaves the running advantage and the next value untouched, so
@@ -33,7 +35,7 @@ def _inputs(rewards, values, mask, gamma, lam, bootstrap):
     if values.shape == (n, T + 1):
         if bootstrap is not None:
             raise ValueError("values already holds the bootstrap column [N, T+1]; drop bootstrap")
-        boot = values[:, T]
+        boot = values[:, -1]  # not [:, T]: indexing by a size would pin it under torch.compile
     elif values.shape == (n, T):
         if bootstrap is None:
             boot = torch.zeros(n, dtype=values.dtype, device=values.device)
@@ -93,19 +95,25 @@ def gae(rewards, values, mask, gamma, lam, *, whiten=False, bootstrap=None, impl
     Output dtype is float64 for float64 rewards, float32 otherwise.
     """
     dtype, boot = _inputs(rewards, values, mask, gamma, lam, bootstrap)
-    if resolve_impl(impl, rewards.device) == "torch":
+    which = resolve_impl(impl, rewards.device, native=True)
+    if which == "torch":
         return gae_ref(rewards, values, mask, gamma, lam, bootstrap=bootstrap, whiten=whiten)
     n, T = rewards.shape
     r, v = rewards.to(dtype), values.to(dtype)
     boot = boot.to(dtype)
-    m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-    adv = torch.empty((n, T), dtype=dtype, device=r.device)
-    ret = torch.empty_like(adv)
-    if n > 0 and T > 0:
-        _gae_kernel[(-(-n // ROWS),)](
-            r, v, m, boot, adv, ret, n, T,
-            r.stride(0), r.stride(1), v.stride(0), v.stride(1), m.stride(0), m.stride(1),
-            boot.stride(0), float(gamma), float(gamma * lam), ROWS=ROWS)
+    if which == "native":  # csrc/gae.cpp, a torch operator; strided views are read in place
+        m = mask if mask.dtype in (torch.bool, torch.uint8) else mask != 0
+        adv, ret = torch.ops.memr1.gae_cpu(r.detach(), v.detach()[:, :T], m, boot.detach(), float(gamma),
+                                           float(gamma * lam))
+    else:
+        m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+        adv = torch.empty((n, T), dtype=dtype, device=r.device)
+        ret = torch.empty_like(adv)
+        if n > 0 and T > 0:
+            _gae_kernel[(-(-n // ROWS),)](
+                r, v, m, boot, adv, ret, n, T,
+                r.stride(0), r.stride(1), v.stride(0), v.stride(1), m.stride(0), m.stride(1),
+                boot.stride(0), float(gamma), float(gamma * lam), ROWS=ROWS)
     if whiten:
         adv = _whiten(adv, mask != 0)
     return adv, ret

@@ -8,7 +8,7 @@ from memr1.kernels._dispatch import interpreting, native_available
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 IMPLS = ["torch", "triton"]
-GRPO_IMPLS = IMPLS + ["native"]  # grpo_advantage also has a C++ CPU path
+GRPO_IMPLS = GAE_IMPLS = IMPLS + ["native"]  # grpo_advantage and gae also have a C++ CPU path
 
 
 def need(device, impl="torch"):

@@ -68,8 +68,9 @@ def test_quick_gae_run_writes_rows_and_provenance(tmp_path):
     out = tmp_path / "kernels.json"
     assert main(["--quick", "--only", "gae", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"memr1_torch", "batched_loop"}
+    impls = {r["impl"]: r for r in data["rows"]}
+    assert set(impls) == {"memr1_torch", "batched_loop", "memr1_native"}
     assert all(r["max_abs_err"] < 1e-4 and r["ms"] > 0 for r in data["rows"])
+    assert impls["memr1_native"]["ms_vs_memr1"] == 1.0  # the C++ path is the row the others are over
     assert data["machine"]["commit"] and data["machine"]["argv"] and data["machine"]["torch"]
     assert data["settings"]["min_calls"] >= 5

@@ -1,11 +1,12 @@
-"""gae: the Triton kernel against the torch reference, and the reference against a scalar Python loop."""
+"""gae: the Triton kernel and the C++ CPU path against the torch reference, and the reference against a
+scalar Python loop."""
 import secrets
 
 import pytest
 import torch
 
 from memr1.kernels import gae, gae_ref
-from kernel_helpers import DEVICES, IMPLS, interpreting, need
+from kernel_helpers import DEVICES, GAE_IMPLS, IMPLS, interpreting, need
 
 
 def batch(n, T, dtype, device, seed):
@@ -45,7 +46,7 @@ def test_reference_matches_python_loop():
         torch.testing.assert_close(ret, ret_py, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", GAE_IMPLS)
 def test_hand_computed(impl):
     need("cpu", impl)
     # gamma = lam = 1: the advantage is the sum of the remaining rewards plus the bootstrap minus V_t.
@@ -83,7 +84,41 @@ def test_triton_matches_reference(poisoned, device, dtype):
         assert (a[~m] == 0).all() and (ret[~m] == 0).all()
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_matches_python_loop_within_one_rounding(poisoned, dtype):
+    """The C++ path runs in float64 and rounds each output once, so against the scalar float64 loop a
+    float32 result may differ only by that rounding (and a float64 one by the two loops' own spread)."""
+    need("cpu", "native")
+    n, T = 37, 300
+    seed = secrets.randbelow(2**31)
+    r, v, m = batch(n, T, dtype, "cpu", seed)
+    boot = torch.randn(n, dtype=dtype)
+    for values, b, mask in ((v, v[:, -1], m), (v[:, :T], boot, m), (v[:, :T], None, m.to(torch.uint8)),
+                            (v, v[:, -1], m.float())):
+        kw = {} if b is None or values.shape[1] == T + 1 else dict(bootstrap=b)
+        a, ret = gae(r, values, mask, 0.99, 0.95, impl="native", **kw)
+        b64 = torch.zeros(n, dtype=torch.float64) if b is None else b.double()
+        a_py, ret_py = python_gae(r.double().tolist(), values.double().tolist(), (mask != 0).tolist(),
+                                  0.99, 0.95, b64.tolist())
+        assert a.dtype == dtype and ret.dtype == dtype
+        ulp = 2.0 ** -24 if dtype == torch.float32 else 0.0
+        for got, want in ((a, a_py), (ret, ret_py)):
+            assert ((got.double() - want).abs() <= want.abs() * ulp + 1e-10).all(), f"seed {seed}"
+        assert (a[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
+
+
+def test_native_compiles_into_one_graph():
+    """Under torch.compile the C++ path is an operator in the caller's graph, its shape function
+    keeps N and T symbolic (no recompile for another batch)."""
+    need("cpu", "native")
+    fn = torch.compile(lambda r, v, m: gae(r, v, m, 0.99, 0.95)[0] * 2, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed, (n, T) in enumerate(((5, 9), (7, 12))):
+            r, v, m = batch(n, T, torch.float32, "cpu", seed)
+            assert torch.equal(fn(r, v, m), gae(r, v, m, 0.99, 0.95, impl="native")[0] * 2)
+
+
+@pytest.mark.parametrize("impl", GAE_IMPLS)
 def test_strided_inputs(impl):
     need("cpu", impl)
     r, v, m = batch(20, 16, torch.float32, "cpu", seed=3)
@@ -114,6 +149,6 @@ def test_bad_arguments_are_named():
         ((r, v[:, :3], m, 0.9, 0.9), {"bootstrap": torch.zeros(3)}, "bootstrap"),
     ]
     for args, kw, word in cases:
-        for impl in IMPLS if interpreting() else ["torch"]:
+        for impl in (IMPLS if interpreting() else ["torch"]) + ["native"]:
             with pytest.raises(ValueError, match=word):
                 gae(*args, impl=impl, **kw)

@@ -293,7 +293,6 @@ def test_runs_without_the_native_module():
 
 
 def test_native_is_offered_only_where_a_kernel_has_it():
-    from memr1.kernels import gae
-    r = torch.rand(2, 3)
+    from memr1.kernels import logprobs
     with pytest.raises(ValueError, match="not offered"):
-        gae(r, torch.rand(2, 4), torch.ones(2, 3, dtype=torch.bool), 0.99, 0.95, impl="native")
+        logprobs(torch.rand(4, 8), torch.rand(16, 8), torch.zeros(4, dtype=torch.long), impl="native")
