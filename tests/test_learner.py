@@ -239,5 +239,11 @@ def test_groups_with_zero_advantages_are_skipped_without_changing_the_step(tiny)
     assert m_skip["signal_frac"] == m_full["signal_frac"] == m_skip["computed_frac"]
     assert m_skip["positions"] < m_full["positions"]
     assert m_skip["loss"] == pytest.approx(m_full["loss"], abs=1e-7)
+    assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
+    # Adam's first step moves a weight by lr * g / (|g| + eps): sign-like, except for the few weights
+    # whose gradient is near eps, where the float32 sums of two batch shapes (the skipped rows change
+    # the matmul sizes) may differ in their last digits. Those move by a small fraction of lr; a
+    # group wrongly skipped moves thousands of weights by about lr.
     w_skip, w_full = weights(skip), weights(full)
-    assert max((w_skip[k] - w_full[k]).abs().max().item() for k in w_full) < 1e-6
+    diff = torch.cat([(w_skip[k] - w_full[k]).abs().flatten() for k in w_full])
+    assert diff.max().item() < 0.02 * 1e-3 and (diff > 1e-6).sum().item() <= 16, (diff.max(), (diff > 1e-6).sum())
