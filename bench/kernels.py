@@ -23,7 +23,8 @@ Each impl runs in a fresh subprocess; peak memory is the rise of the process's p
 its RSS before the first call (CUDA: max_memory_allocated over the allocation before).
 
 Times are medians of at least 5 calls after one untimed call (CUDA: triton.testing.do_bench); on CPU
-the calls run in interleaved rounds, each in a fresh (seeded) random order, so that load from other work hits every impl alike. On a shared
+the calls run in interleaved rounds, each in a fresh (seeded) random order, so that load from other
+work hits every impl alike and no impl always runs right after another on warm inputs. On a shared
 CPU, --threads 1 avoids OpenMP stalls that otherwise swamp the small ops.
 """
 import argparse

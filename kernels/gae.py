@@ -14,7 +14,7 @@ Semantics (shared by all three):
   where V_next and A_next come from the next real step (the bootstrap value and 0 at the end).
 - Returns are A_t + V_t. Both outputs are 0 where mask == 0.
 - whiten=True shifts and scales the advantages over all real tokens, (A - mean) / sqrt(var + 1e-8)
-  with the unbiased variance; returns are computed before whitening. No host sync in either path.
+  with the unbiased variance; returns are computed before whitening. No host sync in any path.
 """
 import torch
 
