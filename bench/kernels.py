@@ -84,6 +84,9 @@ def measure(impls, device, repeat, few=()):
 
 
 # ----------------------------------------------------------------------------- grpo
+GRPO_SIZES = (4096, 8192, 65536, 1 << 20)  # quick runs stop at 64k
+
+
 def grpo_rounds(n):
     """Interleaved rounds per size: a call at 4k-64k takes tens to hundreds of microseconds, where this
     host's run-to-run swings (up to 1.7x between two modes) need many samples for a stable median."""
@@ -91,7 +94,7 @@ def grpo_rounds(n):
 
 
 def bench_grpo(device, quick, rows):
-    sizes = [4096, 8192, 65536] + ([] if quick else [1 << 20])
+    sizes = [n for n in GRPO_SIZES if not quick or n <= 65536]
     # Compiled once for every size, as a trainer whose batch size changes from step to step would.
     ours_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k, impl="torch")[0], dynamic=True)
     native_c = torch.compile(lambda r, g, k: grpo_advantage(r, g, k, impl="native")[0], dynamic=True)
@@ -333,7 +336,7 @@ def main(argv=None) -> int:
         write_json(args.json, "kernels", rows, headline=heads, settings={
             "quick": args.quick, "only": args.only, "device": args.device, "threads": torch.get_num_threads(),
             "group": GROUP, "eps": base.EPS, "std": "unbiased", "min_calls": MIN_CALLS,
-            "grpo_rounds": {n: grpo_rounds(n) for n in (4096, 8192, 65536, 1 << 20)}, "gae_gamma_lam": [0.99, 0.95],
+            "grpo_rounds": {n: grpo_rounds(n) for n in GRPO_SIZES}, "gae_gamma_lam": [0.99, 0.95],
             "compile": "torch.compile(dynamic=True), one for all sizes"})
     return 0
 

@@ -99,13 +99,18 @@ size_t l2_bytes() {
 // nanoseconds a row.
 constexpr int64_t kAhead = 16;
 
+// Asks for row i + kAhead's group record, for writing (pass 1) or reading (pass 2).
+template <int kWrite, typename Record>
+inline void prefetch_ahead(const int64_t* gid, int64_t i, int64_t n_rows, uint64_t num_groups, const Record* groups) {
+  if (i + kAhead >= n_rows) return;
+  const uint64_t ahead = static_cast<uint64_t>(gid[i + kAhead]);
+  if (ahead < num_groups) __builtin_prefetch(groups + ahead, kWrite);
+}
+
 template <bool kPrefetch, typename T>
 void accumulate(const T* r, const int64_t* gid, int64_t n_rows, uint64_t num_groups, Group<T>* groups) {
   for (int64_t i = 0; i < n_rows; ++i) {
-    if (kPrefetch && i + kAhead < n_rows) {
-      const uint64_t ahead = static_cast<uint64_t>(gid[i + kAhead]);
-      if (ahead < num_groups) __builtin_prefetch(groups + ahead, /*rw=*/1);
-    }
+    if (kPrefetch) prefetch_ahead</*kWrite=*/1>(gid, i, n_rows, num_groups, groups);
     const uint64_t g = static_cast<uint64_t>(gid[i]);  // a negative id wraps past num_groups
     if (g >= num_groups) continue;
     Group<T>& s = groups[g];
@@ -122,10 +127,7 @@ void normalise(const T* r, const int64_t* gid, int64_t n_rows, uint64_t num_grou
                T* out) {
   const T nan = std::numeric_limits<T>::quiet_NaN();
   for (int64_t i = 0; i < n_rows; ++i) {
-    if (kPrefetch && i + kAhead < n_rows) {
-      const uint64_t ahead = static_cast<uint64_t>(gid[i + kAhead]);
-      if (ahead < num_groups) __builtin_prefetch(groups + ahead, /*rw=*/0);
-    }
+    if (kPrefetch) prefetch_ahead</*kWrite=*/0>(gid, i, n_rows, num_groups, groups);
     const uint64_t g = static_cast<uint64_t>(gid[i]);
     out[i] = g < num_groups ? static_cast<T>((static_cast<double>(r[i]) - groups[g].sum) * groups[g].sum_sq) : nan;
   }
