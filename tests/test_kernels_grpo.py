@@ -132,6 +132,20 @@ def test_native_compiles_into_one_graph_for_every_batch_size():
             assert torch.equal(fn(r, gid, G, mask), want)
 
 
+def test_native_takes_half_rewards_and_rewards_that_require_grad():
+    """The C++ path computes half and bfloat16 rewards in float32, as the reference does, and never
+    hands autograd a graph: advantages are constants of the loss."""
+    need("cpu", "native")
+    r, gid, G, _, _ = ragged("cpu", torch.float32, seed=7)
+    for low in (torch.float16, torch.bfloat16):
+        got = grpo_advantage(r.to(low), gid, G, impl="native")[0]
+        assert got.dtype == torch.float32
+        assert torch.equal(got, grpo_advantage(r.to(low).float(), gid, G, impl="native")[0])
+    leaf = r.clone().requires_grad_()
+    got = grpo_advantage(leaf, gid, G, impl="native")[0]
+    assert not got.requires_grad and torch.equal(got, grpo_advantage(r, gid, G, impl="native")[0])
+
+
 def test_native_operator_names_bad_arguments():
     """The operator checks what the Python wrapper would have (a direct torch.ops caller skips it)."""
     need("cpu", "native")
