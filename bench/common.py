@@ -69,6 +69,15 @@ def _cpu_simd() -> list[str]:
     return sorted(f for f in flags if f.startswith(("avx", "amx")))
 
 
+def status_mb(field: str) -> float:
+    """A memory field of this process (VmRSS, VmHWM, ...) from /proc/self/status, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
 def percentiles(samples, qs=(50, 99)) -> list[float]:
     return [float(x) for x in np.percentile(np.asarray(samples, dtype=np.float64), qs)]
 

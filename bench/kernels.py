@@ -19,8 +19,9 @@ scalar float64 loop.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
 path against the naive path (log_softmax of the full logits, gather) and TRL's selective_log_softmax
 (skipped when TRL is not installed); errors of the log-probs and both gradients against float64.
-Each impl runs in a fresh subprocess; peak memory is the rise of the process's peak RSS (VmHWM) over
-its RSS before the first call (CUDA: max_memory_allocated over the allocation before).
+Each impl runs in a fresh process (bench/logprobs_worker.py); peak memory is the rise of the process's
+peak RSS (VmHWM) over its RSS before the first call (CUDA: max_memory_allocated over the allocation
+before).
 
 Times are medians of at least 5 calls after one untimed call (CUDA: triton.testing.do_bench); on CPU
 the calls run in interleaved rounds, each in a fresh (seeded) random order, so that load from other
@@ -41,7 +42,7 @@ import torch
 
 from memr1.bench import kernel_baselines as base
 from memr1.bench.common import write_json
-from memr1.kernels import gae, grpo_advantage, logprobs
+from memr1.kernels import gae, grpo_advantage
 from memr1.kernels._dispatch import native_available, triton_available
 
 GROUP = 8
@@ -197,59 +198,6 @@ def bench_gae(device, quick, rows):
 
 
 # ----------------------------------------------------------------------------- logprobs
-def status_mb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def logprobs_child(impl, rows, m, h, v, device, out_path):
-    """One impl in this process: peak memory of the first forward + backward, then the median of
-    MIN_CALLS more."""
-    hidden, weight, targets = base.logprob_inputs(m, h, v, device)
-    hidden.requires_grad_()
-    weight.requires_grad_()
-    if impl == "trl_selective_log_softmax":
-        fn = base.trl_selective_log_softmax()
-        if fn is None:
-            torch.save({"skipped": "trl is not installed"}, out_path)
-            return
-        forward = lambda: base.logprobs_trl(hidden, weight, targets, rows, fn)  # noqa: E731
-    elif impl == "naive":
-        forward = lambda: base.logprobs_naive(hidden, weight, targets)  # noqa: E731
-    else:
-        forward = lambda: logprobs(hidden, weight, targets, impl=impl.split("_")[1])  # noqa: E731
-
-    def step():
-        hidden.grad = weight.grad = None
-        lp = forward()
-        lp.sum().backward()
-        return lp
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        lp = step()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
-        ms = cuda_ms(step)
-    else:
-        before = status_mb("VmRSS")
-        lp = step()
-        peak = status_mb("VmHWM") - before
-        times = []
-        for _ in range(MIN_CALLS):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        ms = statistics.median(times) * 1e3
-    torch.save({"lp": lp.detach().cpu(), "gh": hidden.grad.cpu(), "gw": weight.grad.cpu(),
-                "peak_mb": peak, "ms": ms}, out_path)
-
-
 def bench_logprobs(device, quick, rows):
     b, t, v, h = (2, 1024, 49152, 576) if quick else (8, 1024, 49152, 576)
     impls = ["naive", "trl_selective_log_softmax", "memr1_torch"] + (["memr1_triton"] if device == "cuda" else [])
@@ -258,7 +206,7 @@ def bench_logprobs(device, quick, rows):
     with tempfile.TemporaryDirectory() as tmp:
         for impl in impls:
             path = os.path.join(tmp, impl + ".pt")
-            subprocess.run([sys.executable, "-m", "memr1.bench.kernels", "--logprobs-child", impl,
+            subprocess.run([sys.executable, "-m", "memr1.bench.logprobs_worker", impl,
                             "--threads", str(torch.get_num_threads()),
                             "--shape", f"{b},{t},{h},{v}", "--device", device, "--out", path], check=True)
             res = torch.load(path)
@@ -311,17 +259,10 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="grpo,gae,logprobs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for this run")
-    p.add_argument("--logprobs-child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch._logging.set_logs(dynamo=logging.ERROR)
-    if args.logprobs_child:
-        b, t, h, v = (int(x) for x in args.shape.split(","))
-        logprobs_child(args.logprobs_child, b, b * t, h, v, args.device, args.out)
-        return 0
     rows = []
     parts = {"grpo": bench_grpo, "gae": bench_gae, "logprobs": bench_logprobs}
     print(HEADER)

@@ -19,15 +19,9 @@ import time
 
 import torch
 
+from memr1.bench.common import status_mb
+
 PROTOCOL = "BENCH "
-
-
-def status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def reset_peak() -> bool:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from memr1.bench import kernel_baselines as base
+from memr1.bench import logprobs_worker
 from memr1.bench.kernels import add_ratios, headline, main
 
 
@@ -44,6 +45,20 @@ def test_logprob_paths_and_float64_reference_agree_with_autograd():
     fn = base.trl_selective_log_softmax()
     if fn is not None:
         assert (base.logprobs_trl(hidden, weight, targets, 3, fn).double() - lp64).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["naive", "trl_selective_log_softmax", "memr1_torch"])
+def test_logprobs_worker_saves_what_the_parent_checks(tmp_path, impl):
+    out = tmp_path / "res.pt"
+    assert logprobs_worker.main([impl, "--shape", "2,6,8,40", "--out", str(out)]) == 0
+    res = torch.load(out)
+    if impl == "trl_selective_log_softmax" and base.trl_selective_log_softmax() is None:
+        assert res == {"skipped": "trl is not installed"}
+        return
+    lp64, gh, gw = base.logprobs_truth64(*base.logprob_inputs(12, 8, 40))
+    assert (res["lp"].double() - lp64).abs().max() < 1e-5
+    assert (res["gh"].double() - gh).abs().max() < 1e-5 and (res["gw"].double() - gw).abs().max() < 1e-5
+    assert res["ms"] > 0 and res["peak_mb"] >= 0
 
 
 def test_headline_is_verl_over_memr1_per_mode():
