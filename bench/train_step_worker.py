@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -82,7 +83,7 @@ class Trl:
     `accelerator.backward`, clip, optimizer and scheduler step. Micro-batch inputs are built before
     the timer (TRL builds them while generating, outside its loss path)."""
 
-    def __init__(self, model, batch, checkpointing: bool):
+    def __init__(self, model, batch, checkpointing: bool, scratch: str):
         from memr1.bench.trl_stubs import prompt_dataset, stub_missing_trl_imports
         self.stubbed = stub_missing_trl_imports()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -94,7 +95,8 @@ class Trl:
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa")
         # dapo: every micro-batch's loss is its token sum over the whole step's token count, so the
         # micro-batch losses add up to the token mean over the step (memr1's token-mean).
-        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), use_cpu=True, bf16=False, fp16=False,
+        # TRL wants an output folder; it goes in the parent's temporary one, which is removed with it.
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-", dir=scratch), use_cpu=True, bf16=False, fp16=False,
                           gradient_checkpointing=checkpointing, num_generations=g, per_device_train_batch_size=micro,
                           gradient_accumulation_steps=accum, beta=0.0, loss_type="dapo", learning_rate=s["lr"],
                           epsilon=s["clip"], max_grad_norm=s["grad_clip"], max_completion_length=ids.shape[1] - p,
@@ -144,7 +146,7 @@ def main():
     args = ap.parse_args()
     batch = torch.load(args.batch)
     if args.trainer == "trl":
-        trainer = Trl(args.model, batch, args.activation_checkpointing)
+        trainer = Trl(args.model, batch, args.activation_checkpointing, os.path.dirname(os.path.abspath(args.batch)))
     else:
         trainer = Memr1(args.model, batch, args.trainer == "memr1", args.activation_checkpointing)
     baseline, setup_peak = status_mb("VmRSS"), status_mb("VmHWM")

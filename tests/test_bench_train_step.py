@@ -2,6 +2,7 @@
 worker, the row keys the issue asks for, the positions each trainer computes, the JSON's provenance)."""
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -28,10 +29,13 @@ def test_quick_run_rows_agreement_and_provenance(tmp_path):
         pytest.skip("trl is not installed (the Makefile installs it)")
     model = tiny_llama(tmp_path / "tiny")
     out = tmp_path / "train_step.json"
+    scratch = tmp_path / "tmp"  # the run's temporary folder: whatever it leaves there it leaked
+    scratch.mkdir()
     proc = subprocess.run([sys.executable, "-m", "memr1.bench.train_step", "--quick", "--model", str(model),
                            "--group-sizes", "4", "--steps", "5", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(scratch)) == []
     data = json.loads(out.read_text())
     rows = {r["trainer"]: r for r in data["rows"]}
     assert set(rows) == {"memr1", "memr1_noshare", "trl"}

@@ -43,8 +43,9 @@ def env() -> dict:
 
 
 def launcher(config: Path, args: list[str], dist_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *dist_args, "-m", "memr1.engine.cli", "train",
-            "--config", str(config), *args]
+    # --log-dir: torchrun's own logs go in the test's folder, not a torchelastic_* folder left in /tmp.
+    return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(config.parent / "torchelastic"),
+            *dist_args, "-m", "memr1.engine.cli", "train", "--config", str(config), *args]
 
 
 def free_port() -> int:
