@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.memr1-installed
 REQS   := $(shell nvidia-smi >/dev/null 2>&1 && echo requirements-gpu.txt || echo requirements.txt)
 # Keep every cache of the stack (vLLM, inductor, HF, our converted model) inside the checkout.
 export MEMR1_CACHE ?= $(CURDIR)/.cache/memr1
+export TORCHINDUCTOR_CACHE_DIR ?= $(MEMR1_CACHE)/inductor
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
