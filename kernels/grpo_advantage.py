@@ -162,7 +162,8 @@ def grpo_advantage(rewards, group_ids, num_groups, *, response_mask=None, token_
         # Advantages are constants of the loss. Each step below makes a new tensor, a few microseconds
         # of a call that takes tens, so only the ones the input needs run.
         r = rewards.detach() if rewards.requires_grad else rewards
-        r = r if r.dtype in (torch.float32, torch.float64) else r.float()
+        dtype = _compute_dtype(r)
+        r = r if r.dtype == dtype else r.to(dtype)
         adv = torch.ops.memr1.grpo_advantage_cpu(r, group_ids, num_groups, STDS[std], baseline == "loo",
                                                  float(eps))
         return adv, _broadcast_ref(adv, response_mask, token_offsets, total_tokens)
