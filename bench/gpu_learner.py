@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
-import json
 import math
 import os
 import shutil
@@ -52,12 +50,12 @@ from pathlib import Path
 import torch
 
 from memr1.bench.common import write_json
+from memr1.bench.learner_trace import profile_step, sync
 
 H200_BF16_DENSE = 989e12
 SHAPE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16)
-TRACE_LIMIT = 15 << 20  # what one returned file may hold, with some margin under 16 MiB
 FORMULA = ("model_flops = 6 * (non_embedding_params + lm_head_params) * positions; "
            "mfu = model_flops / (step_s * peak_flops); positions = TrainBatch.positions (each prompt once per "
            "group + all response tokens). Not counted: attention's seq-length term, and activation "
@@ -106,14 +104,16 @@ def build_model(dest: Path, shape: Path, tiny: bool) -> Path:
     return dest
 
 
-def param_counts(lm) -> dict:
-    """Unique parameters; the tied lm_head shares the embedding matrix but still costs its GEMMs."""
+def param_counts(learner) -> dict:
+    """Unique parameters, and the learner's own count of those in GEMMs (`flops_params`, which its MFU
+    metric uses): the tied lm_head shares the embedding matrix but still costs its GEMMs."""
+    lm = learner.policy.lm
     total = sum(p.numel() for p in lm.parameters())
     emb, head = lm.get_input_embeddings().weight, lm.get_output_embeddings().weight
     tied = head is emb or head.data_ptr() == emb.data_ptr()
     non_emb = total - emb.numel() - (0 if tied else head.numel())
     return {"params": total, "non_embedding_params": non_emb, "lm_head_params": head.numel(),
-            "tied_lm_head": tied, "flops_params": non_emb + head.numel()}
+            "tied_lm_head": tied, "flops_params": learner.flops_params}
 
 
 # ----------------------------------------------------------------------------- batch
@@ -132,12 +132,6 @@ def grpo_batch(prompts: int, group: int, prompt_len: int, response_len: int, voc
     return TrainBatch(groups)
 
 
-# ----------------------------------------------------------------------------- timing
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_variant(name: str, args, model: Path, batch, device: torch.device, profile_dir: Path | None):
     from memr1.engine.batching import micro_count, units_of
     from memr1.engine.learner import Learner, LearnerConfig
@@ -147,8 +141,7 @@ def run_variant(name: str, args, model: Path, batch, device: torch.device, profi
     t0 = time.perf_counter()
     learner = Learner(cfg, str(model), lr=1e-6, temperature=1.0, seed=0)
     load_s = time.perf_counter() - t0
-    lm = learner.policy.lm
-    counts = param_counts(lm)
+    counts = param_counts(learner)
     units = units_of(batch, cfg.share_prefix and not learner.packed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -200,80 +193,11 @@ def run_variant(name: str, args, model: Path, batch, device: torch.device, profi
     prof = None
     if profile_dir is not None:
         prof = profile_step(learner, batch, device, profile_dir)
-    del learner, lm
+    del learner
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row, prof
-
-
-# ----------------------------------------------------------------------------- profile
-def profile_step(learner, batch, device: torch.device, out: Path) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sync(device)
-    with profile(activities=acts, record_shapes=False, with_stack=False) as prof:
-        learner.train_step(batch)
-        sync(device)
-    tmp = Path(tempfile.mkdtemp(prefix="memr1-trace-"))
-    try:
-        raw = tmp / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        raw_bytes = raw.stat().st_size
-        trace = out / "learner_trace.json.gz"
-        trimmed = write_trace(raw, trace)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    cuda = device.type == "cuda"
-    events = prof.key_averages()
-    top = {}
-    for key in (("device_time_total", "self_device_time_total") if cuda else ("cpu_time_total", "self_cpu_time_total")):
-        ranked = sorted(events, key=lambda e: _time(e, key), reverse=True)[:15]
-        top[key] = [{"op": e.key, "count": e.count, "cuda_total_us": _time(e, "device_time_total"),
-                     "cuda_self_us": _time(e, "self_device_time_total"), "cpu_total_us": _time(e, "cpu_time_total"),
-                     "cpu_self_us": _time(e, "self_cpu_time_total")} for e in ranked]
-    sort = "cuda_time_total" if cuda else "cpu_time_total"
-    print(f"\ntop 15 ops of one learner step by {sort}:")
-    print(events.table(sort_by=sort, row_limit=15, max_name_column_width=60))
-    if cuda:
-        print("top 15 ops by self CUDA time (the kernels' own time):")
-        print(events.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60))
-    info = {"trace": trace.name, "trace_raw_bytes": raw_bytes, "trace_gz_bytes": trace.stat().st_size,
-            "trace_trimmed_below_us": trimmed, "activities": [a.name for a in acts], "top_ops": top}
-    print(f"wrote {trace} ({raw_bytes / 2**20:.1f} MiB raw, {info['trace_gz_bytes'] / 2**20:.2f} MiB gzipped"
-          + (f", events under {trimmed} us dropped" if trimmed else "") + ")", flush=True)
-    return info
-
-
-def _time(e, key: str) -> float:
-    v = getattr(e, key, None)
-    if v is None:
-        v = getattr(e, key.replace("device", "cuda"), 0.0)
-    return float(v or 0.0)
-
-
-def write_trace(raw: Path, dest: Path) -> float:
-    """gzip the Chrome trace into `dest`. If that is over TRACE_LIMIT, drop the flow arrows and the host
-    events (CPU ops, CUDA runtime calls) shorter than a threshold, doubling it until the file fits; GPU
-    events (kernels, copies) go only once the threshold passes 1 ms. Returns the threshold in us (0:
-    nothing dropped)."""
-    with open(raw, "rb") as src, gzip.open(dest, "wb", compresslevel=6) as dst:
-        shutil.copyfileobj(src, dst)
-    if dest.stat().st_size <= TRACE_LIMIT:
-        return 0.0
-    trace = json.loads(raw.read_text())
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") not in ("s", "f", "t")]
-    gpu = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-    threshold = 2.0
-    while True:
-        trace["traceEvents"] = [e for e in events if e.get("ph") != "X" or float(e.get("dur", 0)) >= threshold
-                                or (e.get("cat") in gpu and threshold <= 1000)]
-        with gzip.open(dest, "wt", compresslevel=6) as dst:
-            json.dump(trace, dst)
-        if dest.stat().st_size <= TRACE_LIMIT or threshold > 1e9:
-            return threshold
-        threshold *= 2
 
 
 # ----------------------------------------------------------------------------- main
