@@ -1,21 +1,28 @@
-"""Learning you can see: the main job's recipe (configs/default.toml) at several seeds, and what each
-stage gained on the held-out val split, with paired bootstrap intervals.
+"""Learning you can see: the main job's recipe (configs/default.toml) at several seeds, with each RL
+stage's gain on the held-out **test** split beside a supervised control of the same prompts, in
+intervals that resample conversations (rl/stats.py).
 
     python -m memr1.bench.learning [--quick] [--seeds 0,1] [--config configs/default.toml] --json PATH
 
-Each seed is one `memr1 train` run in its own process (seed=S; the synthetic data set is the same for
-every seed, so the seeds differ in item order, sampling and initialisation noise only). Rows, in
-points (0 to 100), read from the run's eval/summary.json and metrics.jsonl:
+Each seed is one `memr1 train` run in its own process (seed=S, eval_split=test, the two control
+stages and the control policy added; the synthetic data set is the same for every seed, so the seeds
+differ in item order, sampling and initialisation noise only). Rows, in points (0 to 100), read from
+the run's eval/summary.json and metrics.jsonl, each with base, warm, trained and control columns:
   stage "answer"      em, f1: the answer agent alone, on the synthetic oracle's banks
-                      (base, warm start, trained; delta and interval of trained - base; rl_* of
-                      trained - warm: RL's own part)
-  stage "manager"     op_accuracy: the manager's ops against the oracle, per call (trained - base);
-                      parse_failure_last3: the share of unparseable manager completions over the last
-                      3 RL steps (trained) and in eval bank building (base, warm);
-                      f1: the trained answer agent on banks of the trained manager (trained) against
-                      banks of the base manager (base): the paper's "without the RL manager" ablation
-  stage "end_to_end"  em, f1: the full pipeline, trained manager and answer agent against the base model
-`minutes` is the run's wall time; the JSON's `phases` holds each seed's minutes per stage and per eval.
+  stage "manager"     em_fixed_answerer, f1_fixed_answerer: the trained answer agent, fixed, on the
+                      banks each policy's manager built (the manager measured on what its reward optimises);
+                      op_accuracy (all calls), op_accuracy_seen / _unseen (calls whose ops the reward can /
+                      cannot see), op_accuracy_ids (UPDATE and DELETE must hit the oracle's memory);
+                      parse_failure (greedy bank building in eval); parse_failure_last3 (trained: the
+                      last 3 RL steps, sampled at the rollout temperature)
+  stage "end_to_end"  em, f1: each policy's full pipeline
+  stage "locomo_val"  (when the LoCoMo file is present) f1, bleu1, memories_per_10_turns: base, warm and
+                      trained agents on LoCoMo's val conversation, facts extracted by the base model
+Every comparison is paired: delta = trained - base, rl_delta = trained - warm (RL's own part),
+vs_control = trained - control (RL against as much supervised training on the same prompts), each
+with its 95% interval (`*_ci_low`, `*_ci_high`). `minutes` is the run's wall time; the JSON's `phases`
+holds each seed's minutes per stage and per eval, and `op_visibility` the share of train items whose
+reward changes with each op kind (rl/op_probe.py, by the run's trained answer agent).
 """
 import argparse
 import hashlib
@@ -28,39 +35,119 @@ from pathlib import Path
 from memr1.bench.common import git_commit, print_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCOMO = ROOT.parent / "shared" / "data" / "locomo_train_val.json"
+# What bench.learning adds to the recipe: the test split, and the controls beside each RL stage.
+EXTRA = ["eval_split=test", 'eval_after=["base", "warm", "trained", "control"]']
+COLUMNS = ["stage", "seed", "metric", "base", "warm", "trained", "control", "delta", "ci_low", "ci_high",
+           "rl_delta", "rl_ci_low", "rl_ci_high", "vs_control", "vs_control_ci_low", "vs_control_ci_high",
+           "split", "cluster", "n", "minutes"]
+
+
+def with_controls(stages: list[str]) -> list[str]:
+    """The recipe's stages with "<role>_control" right after each RL stage whose warm start ran."""
+    out = []
+    for name in stages:
+        out.append(name)
+        if "_" not in name and f"{name}_warm" in stages:
+            out.append(f"{name}_control")
+    return out
+
+
+def row(stage: str, metric: str, cols: dict, comp: dict, comparisons: dict, seed: int, minutes: float,
+        split: str = "test") -> dict:
+    """One bench row: the four columns, and each comparison's delta and interval (from the summary)."""
+    r = {"stage": stage, "seed": seed, "metric": metric, **{k: cols.get(k) for k in ("base", "warm", "trained",
+                                                                                        "control")},
+         "split": split, "cluster": "conversation", "minutes": minutes}
+    for prefix, key in (("", "delta"), ("rl_", "rl_delta"), ("vs_control_", "vs_control")):
+        c = (comparisons.get(comp.get(key, "")) or {}).get(comp.get("metric", metric)) or {}
+        r[key] = c.get("delta")
+        r[f"{prefix}ci_low"], r[f"{prefix}ci_high"] = c.get("ci_low"), c.get("ci_high")
+        r.setdefault("n", c.get("n"))
+    return r
 
 
 def rows_of(run: Path, seed: int, minutes: float) -> list[dict]:
     s = json.loads((run / "eval" / "summary.json").read_text())
     rows, comp = s["rows"], s["comparisons"]
     get = lambda label, metric: (rows.get(label) or {}).get(metric)
-
-    def row(stage, metric, base, warm, trained, comparison=None, rl=None):
-        c = (comp.get(comparison) or {}).get(metric, {}) if comparison else {}
-        r = {"stage": stage, "seed": seed, "metric": metric, "base": base, "warm": warm, "trained": trained,
-             "delta": c.get("delta", None if trained is None or base is None else trained - base),
-             "ci_low": c.get("ci_low"), "ci_high": c.get("ci_high"), "n": c.get("n"), "minutes": minutes}
-        if rl:
-            d = (comp.get(rl) or {}).get(metric, {})
-            r.update(rl_delta=d.get("delta"), rl_ci_low=d.get("ci_low"), rl_ci_high=d.get("ci_high"))
-        return r
-
+    policies = ("base", "warm", "trained", "control")
+    pairs = lambda suffix="": {"delta": f"trained{suffix} - base{suffix}", "rl_delta": f"trained{suffix} - warm{suffix}",
+                               "vs_control": f"trained{suffix} - control{suffix}"}
     out = []
     for m in ("em", "f1"):
-        out.append(row("answer", m, get("base.oracle_banks", m), get("warm.oracle_banks", m), get("trained.oracle_banks", m),
-                       "trained.oracle_banks - base.oracle_banks", "trained.oracle_banks - warm.oracle_banks"))
-    out.append(row("manager", "op_accuracy", get("base", "op_accuracy"), get("warm", "op_accuracy"),
-                   get("trained", "op_accuracy"), "trained - base", "trained - warm"))
+        out.append(row("answer", m, {p: get(f"{p}.oracle_banks", m) for p in policies}, pairs(".oracle_banks"), comp,
+                       seed, minutes))
+    fixed = {p: "trained" if p == "trained" else f"trained_answer.{p}_manager" for p in policies}
+    for m in ("em", "f1"):
+        out.append(row("manager", f"{m}_fixed_answerer", {p: get(fixed[p], m) for p in policies},
+                       {"metric": m, **{k: f"trained - {fixed[p]}" for k, p in
+                                        (("delta", "base"), ("rl_delta", "warm"), ("vs_control", "control"))}},
+                       comp, seed, minutes))
+    for m in ("op_accuracy", "op_accuracy_seen", "op_accuracy_unseen", "op_accuracy_ids", "parse_failure"):
+        out.append(row("manager", m, {p: get(p, m) for p in policies}, pairs(), comp, seed, minutes))
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last3 = [r["parse_failure_rate"] for r in steps if r.get("stage") == "manager" and "parse_failure_rate" in r][-3:]
-    out.append(row("manager", "parse_failure_last3", get("base", "parse_failure"), get("warm", "parse_failure"),
-                   100 * sum(last3) / len(last3) if last3 else None))
-    out.append(row("manager", "f1", get("trained_answer.base_manager", "f1"), None, get("trained", "f1"),
-                   "trained - trained_answer.base_manager"))
+    out.append(row("manager", "parse_failure_last3", {"trained": 100 * sum(last3) / len(last3) if last3 else None},
+                   {}, comp, seed, minutes, split="train"))
     for m in ("em", "f1"):
-        out.append(row("end_to_end", m, get("base", m), get("warm", m), get("trained", m), "trained - base",
-                       "trained - warm"))
+        out.append(row("end_to_end", m, {p: get(p, m) for p in policies}, pairs(), comp, seed, minutes))
     return out
+
+
+def locomo_rows(run: Path, seed: int, locomo: Path, minutes: float) -> tuple[list[dict], dict]:
+    """Base, warm and trained agents on LoCoMo's val conversation (facts extracted by the base model,
+    extraction cut at 96 tokens), evaluated through `memr1 eval`; rows and each policy's op mix."""
+    from memr1.rl.stats import compare_reports
+
+    cfg = run / "config.toml"
+    models = {"base": [], "warm": ["--manager", str(_final(run, "manager_warm")), "--answer", str(_final(run, "answer_warm"))],
+              "trained": ["--checkpoint", str(run)]}
+    reports, extras = {}, {}
+    for label, args in models.items():
+        out = run / "locomo" / label
+        cmd = [sys.executable, "-m", "memr1.engine.cli", "eval", "--config", str(cfg), "--split", "val", *args,
+               f"data.path={locomo}", "extract.source=model", "extract.max_new_tokens=96", f"run_dir={out}",
+               f"eval.baseline={'base' if label == 'base' else 'memr1'}", "eval.progress=false"]
+        if not (out / "eval" / "val.json").is_file():
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            (run / "locomo").mkdir(exist_ok=True)
+            (run / "locomo" / f"{label}.log").write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise SystemExit(f"seed {seed}: locomo eval of {label} exited {proc.returncode} (log in {run}/locomo)")
+        reports[label] = json.loads((out / "eval" / "val.json").read_text())
+        mgr = reports[label].get("manager") or {}
+        turns = reports[label]["input"]["turns"]
+        memories = sum((mgr.get("final_memories") or {}).values())
+        extras[label] = {"events": mgr.get("events"), "memories": memories, "turns": turns,
+                         "memories_per_10_turns": 10 * memories / turns if turns else None}
+    comp = {f"trained - {a}": compare_reports(reports[a], reports["trained"]) for a in ("base", "warm")}
+    keys = {"delta": "trained - base", "rl_delta": "trained - warm"}
+    out = [row("locomo_val", m, {p: reports[p]["metrics"]["overall"][m] for p in models}, keys, comp, seed, minutes,
+               split="val") for m in ("f1", "bleu1")]
+    out.append(row("locomo_val", "memories_per_10_turns", {p: extras[p]["memories_per_10_turns"] for p in models},
+                   {}, comp, seed, minutes, split="val"))
+    return out, extras
+
+
+def _final(run: Path, stage: str) -> Path:
+    from memr1.engine.checkpoint import final_checkpoint
+    found = final_checkpoint(run / stage)
+    if found is None:
+        raise SystemExit(f"{run}: stage {stage} has no checkpoint")
+    return found
+
+
+def visibility(run: Path, seed: int, items: int) -> dict:
+    """rl/op_probe.py on the run's train items, by its trained answer agent (bench/op_probe.py)."""
+    out = run / "op_visibility.json"
+    if not out.is_file():
+        cmd = [sys.executable, "-m", "memr1.bench.op_probe", "--run", str(run), "--items", str(items), "--json", str(out)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"seed {seed}: the op probe exited {proc.returncode}")
+    return json.loads(out.read_text())["rows"]
 
 
 def phases(log: str) -> dict:
@@ -82,6 +169,8 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=str(ROOT / "configs" / "default.toml"))
     p.add_argument("--runs", default="runs/bench_learning", help="where each seed's run directory goes")
     p.add_argument("--json", required=True)
+    p.add_argument("--locomo", default=str(LOCOMO), help="LoCoMo file for the locomo_val rows ('' to skip)")
+    p.add_argument("--probe-items", type=int, default=400, help="train items for the op-visibility probe (0: skip)")
     p.add_argument("--reuse", action="store_true",
                    help="a seed already finished under --runs by the same command, config text and commit "
                         "is read, not rerun")
@@ -89,11 +178,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.quick else None]
     runs = Path(args.runs).resolve()   # the child runs from the repository root
-    rows, timing = [], {}
+    from memr1.engine.config import load_config
+    stages = with_controls(load_config(args.config, args.overrides).stages)
+    rows, timing, extras = [], {}, {}
     for seed in seeds:
         run = runs / f"seed{seed}"
         cmd = [sys.executable, "-m", "memr1.engine.cli", "train", "--config", args.config, f"seed={seed}",
-               f"run_dir={run}", *args.overrides]
+               f"run_dir={run}", *EXTRA, f"stages={json.dumps(stages)}", *args.overrides]
         done = runs / f"seed{seed}.json"   # what a finished seed leaves: what ran, minutes and phases
         what = {"cmd": cmd[1:], "config_sha256": hashlib.sha256(Path(args.config).read_bytes()).hexdigest(),
                 "commit": git_commit()}
@@ -113,10 +204,19 @@ def main(argv=None) -> int:
         finished = json.loads(done.read_text())
         rows += rows_of(run, seed, finished["minutes"])
         timing[seed] = finished["phases"]
-    print_table(rows, ["stage", "seed", "metric", "base", "warm", "trained", "delta", "ci_low", "ci_high",
-                       "rl_delta", "rl_ci_low", "minutes"])
-    write_json(args.json, "learning", rows, settings={"config": args.config, "seeds": seeds,
-                                                      "overrides": args.overrides}, phases=timing)
+        extras[seed] = {}
+        if args.probe_items:
+            extras[seed]["op_visibility"] = visibility(run, seed, args.probe_items)
+        if args.locomo and Path(args.locomo).is_file():
+            t0 = time.perf_counter()
+            got, extras[seed]["locomo_val"] = locomo_rows(run, seed, Path(args.locomo), finished["minutes"])
+            rows += got
+            timing[seed]["locomo_val"] = round((time.perf_counter() - t0) / 60, 2)
+    print_table(rows, [c for c in COLUMNS if c not in ("split", "cluster", "n")])
+    write_json(args.json, "learning", rows, settings={"config": args.config, "seeds": seeds, "stages": stages,
+                                                      "extra": EXTRA, "overrides": args.overrides,
+                                                      "locomo": args.locomo, "probe_items": args.probe_items},
+               phases=timing, extras=extras)
     return 0
 
 

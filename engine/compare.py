@@ -1,22 +1,30 @@
-"""The end of `memr1 train`: evaluate the base, warm-started and trained policies on the held-out
-split, and compare them pairwise over the same questions with seeded bootstrap intervals.
+"""The end of `memr1 train`: evaluate the base, warm-started, trained and control policies on the
+held-out split, and compare them pairwise over the same questions with seeded bootstrap intervals
+clustered by conversation (rl/stats.py).
 
 For each policy in `eval_after` (base = the untrained model in both roles, warm = each role's warm
-start, trained = each role's final checkpoint):
+start, trained = each role's final checkpoint, control = each role's supervised control, the warm
+start trained further on the RL stage's prompts):
   eval/<split>.<policy>.json               the full pipeline (extraction or oracle facts, the policy's
                                            manager building banks, its answer agent answering)
   eval/<split>.<policy>.oracle_banks.json  synthetic data: the answer agent alone, on the oracle's banks
-and, when both roles were trained, the paper's "without the RL manager" ablation:
-  eval/<split>.trained_answer.base_manager.json   the trained answer agent on the base manager's banks
+and, when a manager and an answer agent were trained, the manager measured on what its reward
+optimises: the trained answer agent, fixed, on every other policy's manager's banks (the banks are
+cached by manager, so each costs one answer pass)
+  eval/<split>.trained_answer.<policy>_manager.json
 eval/summary.json holds every row and comparison; the table is printed last.
 """
 import json
 from pathlib import Path
 
 from memr1.engine.evaluate import run_eval
+from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
 from memr1.rl.stats import compare_reports
 
-ROWS = ("base", "warm", "trained")
+ROWS = ("base", "warm", "trained", "control")
+# (a, b) pairs compared as b - a, over the full pipeline and over the oracle's banks
+PAIRS = (("base", "warm"), ("base", "trained"), ("warm", "trained"), ("control", "trained"), ("base", "control"),
+         ("warm", "control"))
 
 
 def policies(run, finals: dict[str, Path]) -> dict[str, dict]:
@@ -29,12 +37,22 @@ def policies(run, finals: dict[str, Path]) -> dict[str, dict]:
             warm = {r: finals[f"{r}_warm"] for r in ("manager", "answer") if f"{r}_warm" in finals}
             if warm:
                 out["warm"] = warm
+        elif which == "control":
+            control = {r: finals[f"{r}_control"] for r in ("manager", "answer") if f"{r}_control" in finals}
+            if control:
+                out["control"] = control
         else:
             trained = {}
-            for name, path in finals.items():   # in stage order: each role's last stage wins
-                trained[name.split("_")[0]] = path
+            for name, path in finals.items():   # in stage order: each role's last stage wins (controls aside)
+                if not name.endswith("_control"):
+                    trained[name.split("_")[0]] = path
             out["trained"] = trained
     return out
+
+
+def fixed_answerer(label: str) -> str:
+    """The report label of the trained answer agent on `label`'s manager's banks."""
+    return "trained" if label == "trained" else f"trained_answer.{label}_manager"
 
 
 def evaluate_after(run, finals: dict[str, Path], generator) -> dict:
@@ -49,8 +67,11 @@ def evaluate_after(run, finals: dict[str, Path], generator) -> dict:
                                                         generator, f"{label}.oracle_banks", baseline="oracle")
     trained = pols.get("trained", {})
     if "manager" in trained and "answer" in trained:
-        reports["trained_answer.base_manager"] = run_eval(cfg, split, {"answer": trained["answer"]}, generator,
-                                                          "trained_answer.base_manager", baseline="memr1")
+        for label, models in pols.items():
+            if label != "trained":
+                manager = {"manager": models["manager"]} if "manager" in models else {}
+                reports[fixed_answerer(label)] = run_eval(cfg, split, {**manager, "answer": trained["answer"]},
+                                                          generator, fixed_answerer(label), baseline="memr1")
     summary = summarize(reports, cfg.eval.resamples, cfg.seed)
     out = run.run_dir / "eval" / "summary.json"
     out.write_text(json.dumps(summary, indent=1))
@@ -58,27 +79,34 @@ def evaluate_after(run, finals: dict[str, Path], generator) -> dict:
     return {k: str(v) for k, v in reports.items()} | {"summary": str(out)}
 
 
+def row_of(report: dict) -> dict:
+    """A report's headline numbers, in points."""
+    m, o, mgr = report["metrics"]["overall"], report.get("oracle") or {}, report.get("manager") or {}
+    calls = mgr.get("calls") or 0
+    pct = lambda x: None if x is None else 100 * x
+    memories = list((mgr.get("final_memories") or {}).values())
+    return {"em": m["em"], "f1": m["f1"], "bleu1": m["bleu1"], "j": m["j"], "n": m["n"],
+            **{name: pct(o.get(name)) for name, *_ in OP_ACCURACY_VARIANTS},
+            "parse_failure": 100 * mgr.get("status", {}).get("parse_error", 0) / calls if calls else None,
+            "events": mgr.get("events"), "memories": sum(memories) / len(memories) if memories else None,
+            "capped": {role: c["rate"] for role, c in report["capped"].items()}}
+
+
 def summarize(reports: dict[str, Path], resamples: int, seed: int) -> dict:
     loaded = {k: json.loads(Path(p).read_text()) for k, p in reports.items()}
-    rows = {}
-    for label, r in loaded.items():
-        m, o, mgr = r["metrics"]["overall"], r.get("oracle") or {}, r.get("manager") or {}
-        calls = mgr.get("calls") or 0
-        rows[label] = {"em": m["em"], "f1": m["f1"], "bleu1": m["bleu1"], "j": m["j"], "n": m["n"],
-                       "op_accuracy": None if o.get("op_accuracy") is None else 100 * o["op_accuracy"],
-                       "parse_failure": 100 * mgr.get("status", {}).get("parse_error", 0) / calls if calls else None,
-                       "capped": {role: c["rate"] for role, c in r["capped"].items()}}
-    pairs = [(a, b) for i, a in enumerate(ROWS) for b in ROWS[i + 1:]]
+    rows = {label: row_of(r) for label, r in loaded.items()}
     comparisons = {}
     for suffix in ("", ".oracle_banks"):
-        for a, b in pairs:
+        for a, b in PAIRS:
             if a + suffix in loaded and b + suffix in loaded:
                 comparisons[f"{b}{suffix} - {a}{suffix}"] = compare_reports(loaded[a + suffix], loaded[b + suffix],
                                                                            resamples, seed)
-    if "trained_answer.base_manager" in loaded and "trained" in loaded:
-        comparisons["trained - trained_answer.base_manager"] = compare_reports(
-            loaded["trained_answer.base_manager"], loaded["trained"], resamples, seed)
-    return {"rows": rows, "comparisons": comparisons}
+    # the manager with the answer agent fixed: the trained manager's banks against each other manager's
+    for label in ROWS:
+        fixed = fixed_answerer(label)
+        if label != "trained" and fixed in loaded and "trained" in loaded:
+            comparisons[f"trained - {fixed}"] = compare_reports(loaded[fixed], loaded["trained"], resamples, seed)
+    return {"rows": rows, "comparisons": comparisons, "cluster": "conversation"}
 
 
 def format_summary(summary: dict, split: str) -> str:
@@ -88,9 +116,9 @@ def format_summary(summary: dict, split: str) -> str:
     for label, r in summary["rows"].items():
         lines.append(f"{label:34} {cell(r['em']):>6} {cell(r['f1']):>6} {cell(r['bleu1']):>7} "
                      f"{cell(r['op_accuracy']):>7} {r['n']:>5}")
-    lines.append("paired differences, b - a, with 95% bootstrap intervals:")
+    lines.append("paired differences, b - a, with 95% bootstrap intervals (conversations resampled):")
     for name, metrics in summary["comparisons"].items():
         parts = [f"{m} {r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for m, r in metrics.items()
-                 if r.get("delta") is not None and m != "bleu1"]
-        lines.append(f"  {name:40} " + "; ".join(parts))
+                 if r.get("delta") is not None and m in ("em", "f1", "op_accuracy", "op_accuracy_ids")]
+        lines.append(f"  {name:48} " + "; ".join(parts))
     return "\n".join(lines)

@@ -67,7 +67,24 @@ class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bank_manager: str = "latest"
 
 
-STAGES = ("manager_warm", "manager", "answer_warm", "answer")
+# A "<role>_control" stage is the supervised control of that role's RL stage (see `stage_config`).
+STAGES = ("manager_warm", "manager", "manager_control", "answer_warm", "answer", "answer_control")
+
+
+def supervised(stage: str) -> bool:
+    """A stage that trains scripted oracle replies (a warm start, or an RL stage's control)."""
+    return stage.endswith(("_warm", "_control"))
+
+
+def stage_config(cfg: "RunConfig", name: str) -> StageConfig:
+    """A stage's settings. A control's are derived, not set: the warm start's supervised loss and lr,
+    continued from the warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply
+    each), so it sees exactly the prompts RL saw, with the oracle's reply instead of a reward."""
+    if name.endswith("_control"):
+        role = name.split("_")[0]
+        rl, warm = getattr(cfg.stage, role), getattr(cfg.stage, f"{role}_warm")
+        return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
+    return getattr(cfg.stage, name)
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -94,7 +111,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)   # torch.profiler traces of chosen steps
-    eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm" and/or "trained" on eval_split
+    eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm", "trained", "control" on eval_split
     eval_split: str = "val"
     # evaluation (memr1 eval, and eval_after)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
@@ -110,10 +127,11 @@ EMBEDDERS = ("minilm", "hash")
 
 
 def make_embedder(cfg: RunConfig):
-    """The run's text embedder: all-MiniLM-L6-v2, or the hashing embedder of the tests."""
-    from memr1.memory_store import HashEmbedder, default_embedder
+    """The run's text embedder: all-MiniLM-L6-v2, or the hashing embedder of the tests; each distinct
+    text is embedded once per run."""
+    from memr1.memory_store import CachedEmbedder, HashEmbedder, default_embedder
 
-    return HashEmbedder(cfg.bank.hash_dim) if cfg.embedder == "hash" else default_embedder()
+    return CachedEmbedder(HashEmbedder(cfg.bank.hash_dim) if cfg.embedder == "hash" else default_embedder())
 
 
 # ---- loading ----
@@ -216,9 +234,13 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     unknown = [s for s in cfg.stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use {', '.join(STAGES)}")
-    bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained")]
+    for name in cfg.stages:
+        warm = f"{name.split('_')[0]}_warm"
+        if name.endswith("_control") and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
+            raise ConfigError(f"{where}: stages: {name} continues {warm}'s checkpoint; list {warm} before it")
+    bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control")]
     if bad:
-        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm' and/or 'trained'")
+        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm', 'trained' and/or 'control'")
     if cfg.eval_split not in ("train", "val", "test"):
         raise ConfigError(f"{where}: eval_split must be train, val or test, got {cfg.eval_split!r}")
     for key in ("frozen_answer", "bank_manager"):

@@ -18,8 +18,9 @@ from memr1.engine.evaluate import cache_dirs, cache_keys, model_identity
 from memr1.memory_store import MemoryBank
 from memr1.rl.banks import facts_for, run_manager, safe_name
 from memr1.rl.data import load_conversations
-from memr1.rl.items import (answer_items, history_conversation, manager_calls, manager_items, oracle_bank,
-                            step_items)
+from memr1.rl.items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
+                            oracle_bank, oracle_banks, step_items)
+from memr1.rl.turns import manager_turns
 
 
 class RunItems:
@@ -52,17 +53,38 @@ class RunItems:
         return self._facts
 
     def manager(self, stage: str) -> list:
-        """Manager items, on each call's bank (module doc): the calls that decide a question (their
-        answers are the reward); a warm start imitates the oracle on every call."""
+        """Manager items, on each call's bank (module doc): the calls whose ops can change a question's
+        answer (those answers are the reward); a warm start imitates the oracle on every call."""
+        return self._manager(stage)[0]
+
+    def manager_stats(self, stage: str) -> dict:
+        """{"items", "calls", "questions", "unreachable_questions", "guard_questions", "dead_items"} of
+        the stage's manager items, which the stage logs at its start."""
+        return self._manager(stage)[1]
+
+    def _manager(self, stage: str) -> tuple[list, dict]:
         warm = stage.endswith("_warm")
         pipeline = "oracle" if warm else self.cfg.items.bank_pipeline
         if ("manager", pipeline, warm) not in self._memo:
-            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call, every_call=warm)
+            stats = CallStats()
+            guards = not warm and pipeline == "oracle" and self.cfg.items.guard_questions > 0
+            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call,
+                                  every_call=warm or guards, stats=stats)
+            shown = None
             if pipeline == "oracle":
-                banks = [oracle_bank(s, s.conv, self.embedder) for s in specs]
+                banks = oracle_banks(specs, self.embedder)
+                if guards:   # what each prompt shows picks the guard questions
+                    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"])
+                                           for s, b in zip(specs, banks)], self.embedder, self.cfg.manager)
+                    shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
             else:
                 banks = self.history_banks(specs, stage)
-            self._memo["manager", pipeline, warm] = manager_items(specs, banks, self.cfg.items, self.run.seed)
+            items = manager_items(specs, banks, self.cfg.items, self.run.seed, shown, keep_empty=warm)
+            self._memo["manager", pipeline, warm] = items, {
+                "items": len(items), "calls": len({id(it.call) for it in items}), "questions": stats.questions,
+                "unreachable_questions": stats.unreachable,
+                "guard_questions": sum(len(it.guards) for it in items),
+                "dead_items": 0 if warm else dead_items(items, {c.sample_id: c.oracle for c in self.convs})}
         return self._memo["manager", pipeline, warm]
 
     def history_banks(self, specs: list, stage: str) -> list:

@@ -26,7 +26,7 @@ from memr1.engine import dist as dist_utils, prefix_attention
 from memr1.engine.advantages import drop_zero_advantage_groups, group_advantages, ppo_token_targets
 from memr1.engine.batching import build_micro, micro_count, split_units, units_of
 from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
-from memr1.engine.throughput import bf16_peak
+from memr1.engine.throughput import bf16_peak, native_bf16
 from memr1.rl.algos import Critic, GRPOConfig, PPOConfig
 from memr1.rl.losses import Denom, LossConfig, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
@@ -37,6 +37,10 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     algo: Literal["grpo", "dr_grpo", "ppo"] = "grpo"   # dr_grpo: GRPO without std scaling and with a
                                        # constant-length token sum (config resolution sets both)
     device: str = "cpu"
+    # CPU compute precision: fp32, or bf16 autocast (bf16 matmuls, fp32 master weights, gradients and
+    # optimizer state, as on a GPU); "fast": bf16 where the CPU multiplies it natively (AMX or
+    # AVX512-BF16), else fp32. GPUs always compute in bf16.
+    cpu_precision: Literal["fp32", "bf16", "fast"] = "fp32"
     attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa (the rows layout
                                        # always runs engine/prefix_attention.py, which is SDPA-based)
     warmup_steps: Annotated[int, Meta(ge=0)] = 0       # linear warmup, then constant
@@ -55,7 +59,11 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # add nothing to the gradient. Off computes them anyway (bench.e2e's row that isolates this saving).
     skip_zero_advantage: bool = True
     pad_bucket: Annotated[int, Meta(ge=1)] = 64   # rows layout: row width rounds up to this
-    anchor: Literal["current", "behaviour"] = "current"  # what the PPO ratio is taken against
+    # What the PPO ratio is taken against. "current": the learner's own log-probs before this step, as
+    # verl and TRL do; with one optimizer step per batch (what this learner does) that ratio is exactly 1,
+    # so the clip never acts, and what corrects for staleness is the truncated importance weight
+    # against the behaviour log-probs (LossConfig). "behaviour": the sampler's log-probs themselves.
+    anchor: Literal["current", "behaviour"] = "current"
     logprob_chunk: Annotated[int, Meta(ge=1)] = 1024
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
@@ -90,6 +98,7 @@ class Learner:
             raise ValueError("loss.kl_in_reward is supported with algo='ppo'; for GRPO put the KL in the loss")
         self.cfg, self.lr = cfg, lr
         self.d = dist_utils.setup(cfg.device)
+        self.cpu_bf16 = cfg.cpu_precision == "bf16" or (cfg.cpu_precision == "fast" and native_bf16("cpu"))
         attn = dist_utils.attn_implementation(cfg.attn_impl)
         # Packing needs a variable-length kernel; with mask-based attention it would cost O(packed^2).
         self.packed = cfg.layout == "packed" or (cfg.layout == "auto" and attn == "flash_attention_2")
@@ -130,9 +139,12 @@ class Learner:
 
     def compute(self):
         """bf16 compute with fp32 master weights on a GPU: FSDP2's mixed-precision policy does it when
-        sharded; a single unsharded GPU gets the same numerics from autocast. fp32 on CPU."""
+        sharded; a single unsharded GPU gets the same numerics from autocast. On CPU, fp32 or bf16
+        autocast (`cpu_precision`, resolved once at construction)."""
         if self.d.device.type == "cuda" and self.d.mesh is None:
             return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.d.device.type == "cpu" and self.cpu_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # -- one optimizer step ------------------------------------------------------------------------

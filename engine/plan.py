@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from memr1.engine.config import RunConfig
+from memr1.engine.config import RunConfig, stage_config
 from memr1.engine.resolve import budget_warnings, problems, role_of
 from memr1.rl.agents.answer import reply_bound
 
@@ -50,7 +50,7 @@ def estimate(cfg: RunConfig, model_config: dict, world: int, on_gpu: bool) -> di
 
 
 def stage_configs(cfg: RunConfig) -> dict:
-    return {name: getattr(cfg.stage, name) for name in cfg.stages}
+    return {name: stage_config(cfg, name) for name in cfg.stages}
 
 
 def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.config import RunConfig
+from memr1.engine.config import RunConfig, stage_config, supervised
 from memr1.engine.learner import LearnerConfig
 from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import reply_bound
@@ -41,7 +41,7 @@ class Resolved:
         return self.cfg.seed
 
     def stage(self, name: str) -> StageConfig:
-        return getattr(self.cfg.stage, name)
+        return stage_config(self.cfg, name)
 
     def max_new_tokens(self, role: str) -> int:
         return self.cfg.manager.max_new_tokens if role == "manager" else self.cfg.answer.max_new_tokens
@@ -52,10 +52,10 @@ class Resolved:
                               max_new_tokens=self.max_new_tokens(role))
 
     def learner(self, name: str) -> LearnerConfig:
-        """The learner config of a stage. Warm stages train scripted replies: no KL, no critic, no
-        entropy bonus. dr_grpo is GRPO with std "none" and a token sum over the role's budget."""
+        """The learner config of a stage. Warm and control stages train scripted replies: no KL, no
+        critic, no entropy bonus. dr_grpo is GRPO with std "none" and a token sum over the role's budget."""
         cfg = self.cfg.learner
-        if name.endswith("_warm"):
+        if supervised(name):
             return msgspec.structs.replace(cfg, algo="grpo", loss=msgspec.structs.replace(
                 cfg.loss, kl_coef=0.0, entropy_coef=0.0, aggregation="token-mean"))
         if cfg.algo == "dr_grpo":
@@ -66,7 +66,7 @@ class Resolved:
     def temperature(self, name: str) -> float:
         """The temperature the learner's log-probs are taken at: the one the stage sampled with (a warm
         stage samples nothing; its replies are scored under the plain distribution)."""
-        return 1.0 if name.endswith("_warm") else (self.cfg.rollout.temperature or 1.0)
+        return 1.0 if supervised(name) else (self.cfg.rollout.temperature or 1.0)
 
 
 def world_problem(prompts_per_step: int, world: int, name: str = "") -> str | None:
@@ -79,7 +79,7 @@ def world_problem(prompts_per_step: int, world: int, name: str = "") -> str | No
 
 def problems(cfg: RunConfig, world: int) -> list[str]:
     """What stops this config from running as planned: prompts that do not divide over the ranks."""
-    return [p for name in cfg.stages if (p := world_problem(getattr(cfg.stage, name).prompts_per_step, world, name))]
+    return [p for name in cfg.stages if (p := world_problem(stage_config(cfg, name).prompts_per_step, world, name))]
 
 
 def budget_warnings(cfg: RunConfig) -> list[str]:

@@ -24,6 +24,21 @@ PHASES = {"generate": ("gen_s",), "score": ("score_s",), "train": ("train_s",),
           "sync": ("sync_s", "sync_wait_s"), "validate": ("val_s",)}
 
 
+def native_bf16(device: str = "cpu") -> bool:
+    """Whether `device` multiplies bf16 natively: a CUDA GPU that supports it, or a CPU with AMX or
+    AVX512-BF16 (on other CPUs bf16 is emulated and slower than fp32). What the "fast" precision
+    settings (generator.dtype, learner.cpu_precision) resolve by."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def bf16_peak(device_name: str) -> float | None:
     for key, peak in BF16_PEAK:
         if key in device_name:

@@ -7,7 +7,9 @@ runs/<name>/<stage>/checkpoints/step_<N>/    self-contained HF model + optimizer
 runs/<name>/<stage>/best.json                with loop.validate_every: the step the stage hands on
 runs/<name>/eval/                            with eval_after: reports and the comparison (see compare.py)
 Stages: "answer_warm", "answer", "manager_warm", "manager" in any order. A stage starts from its role's
-newest checkpoint in this run (so "answer" continues "answer_warm"), else the base model. The manager
+newest checkpoint in this run (so "answer" continues "answer_warm"), else the base model. A
+"<role>_control" stage (after its warm start) trains the warm checkpoint further with the supervised
+loss on the RL stage's prompts, and hands on nothing: it is the control the RL stage is compared with. The manager
 stage's frozen answer agent and the answer stage's bank-building manager are config
 (stage.frozen_answer, stage.bank_manager); "latest" means the run's newest checkpoint of that role.
 Under torchrun every rank rolls out and trains its own share of each step's prompts (see loop.py);
@@ -26,7 +28,7 @@ import msgspec
 from memr1.engine import dist as dist_utils
 from memr1.engine.checkpoint import final_checkpoint
 from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, supervised
 from memr1.engine.generation import make_generator
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, alone
@@ -61,9 +63,11 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
     cfg, role = run.cfg, role_of(name)
     scfg = run.stage(name)
     rank, world = run.rank, run.world
-    if name.endswith("_warm"):
-        its = items.manager(name) if role == "manager" else items.answer(name, None)
-        return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, cfg.manager, cfg.answer, rank, world)
+    if supervised(name):   # a warm start, or a control on the RL stage's own items
+        items_of = name if name.endswith("_warm") else role
+        its = items.manager(items_of) if role == "manager" else \
+            items.answer(items_of, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
+        return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, cfg.manager, cfg.answer, rank, world, name)
     sampling = run.rollout_sampling(role)
     judge = None
     if cfg.judge.kind != "off":
@@ -77,8 +81,10 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         sampling = GREEDY.with_tokens(sampling.max_new_tokens)
     if role == "manager":
         frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
-        return ManagerStage(its, frozen, embedder, scfg, sampling, cfg.manager, cfg.answer, cfg.reward, judge,
-                            rank, world)
+        stage = ManagerStage(its, frozen, embedder, scfg, sampling, cfg.manager, cfg.answer, cfg.reward, judge,
+                             rank, world)
+        stage.item_stats = items.manager_stats(name)
+        return stage
     return AnswerStage(its, embedder, scfg, sampling, cfg.answer, cfg.reward, judge, rank, world)
 
 
@@ -104,15 +110,20 @@ def validator(run: Resolved, val_stage, policy, stage_dir: Path, save):
 
 
 def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, swap, latest: dict,
-                ckpt: Path | None = None) -> tuple[Path, bool, int | None]:
-    """Train one stage, or resume it from `ckpt` (a verified checkpoint of it); returns (the
-    checkpoint it hands on, whether it finished, the signal that stopped it)."""
+                ckpt: Path | None = None, start_model: Path | None = None) -> tuple[Path, bool, int | None]:
+    """Train one stage from `start_model` (default: its role's latest checkpoint, else the base model),
+    or resume it from `ckpt` (a verified checkpoint of it); returns (the checkpoint it hands on,
+    whether it finished, the signal that stopped it)."""
     cfg, s = run.cfg, run.stage(name)
     stage_dir = run.run_dir / name
     if ckpt is not None and state_step(ckpt) >= s.steps:   # done: best.json's, else the one verified
         return (final_checkpoint(stage_dir) if best_step(stage_dir) is not None else ckpt), True, None
-    start_model = latest.get(role_of(name), run.base_model)
+    start_model = start_model or latest.get(role_of(name), run.base_model)
     stage = make_stage(run, name, items, embedder, policy.tokenizer, swap, latest)
+    if run.rank == 0 and getattr(stage, "item_stats", None):
+        st = stage.item_stats
+        print(f"stage {name}: {st['items']} items from {st['calls']} calls, {st['guard_questions']} guard questions, "
+              f"{st['unreachable_questions']} of {st['questions']} questions unreachable, dead_items {st['dead_items']}")
     learner = Learner(run.learner(name), str(start_model), lr=s.lr, temperature=run.temperature(name), seed=run.seed)
     start = 0
     if ckpt is not None:  # resume: same data order (items are picked by step), same weights
@@ -128,7 +139,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
             prune(stage_dir, cfg.checkpoint.keep_last, step)
 
     validate = None
-    if cfg.loop.validate_every and not name.endswith("_warm"):
+    if cfg.loop.validate_every and not supervised(name):
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
                              policy, stage_dir, save)
     profiler = None
@@ -194,9 +205,15 @@ def train(cfg: RunConfig) -> dict:
     try:
         for name in cfg.stages:
             t = time.perf_counter()
-            final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, latest, resume[name])
+            # A control continues its role's warm start and hands on nothing: later stages use the RL policy.
+            control = name.endswith("_control")
+            start = finals.get(f"{role_of(name)}_warm") if control else None
+            final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, latest, resume[name],
+                                              start)
             if final is not None:
-                latest[role_of(name)] = finals[name] = final
+                finals[name] = final
+                if not control:
+                    latest[role_of(name)] = final
             say(f"stage {name}: {time.perf_counter() - t:.0f}s, hands on {final}")
             if not done:
                 stopped, stop_signal = name, signum

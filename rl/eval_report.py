@@ -14,6 +14,14 @@ Oracle scoring (synthetic data only), defined here once:
   matches a fact when their token-set F1 (Mem0's F1 tokens, minus a few function words) is at least
   `EvalConfig.fact_match_f1`; pairs are matched one-to-one, best F1 first. Recall = matched facts /
   facts, precision = matched memories / memories.
+  Op accuracy is also reported per kind of call, and with ids (`OP_ACCURACY_VARIANTS`):
+  - seen / unseen: whether the reward can see the call's ops. A call is seen when one of its turns
+    touches a fact slot that some question asks about and that question's answer is final by the
+    call's end (the call decides it, or restates or can overwrite a memory it reads); unseen calls set
+    values that a later turn changes again, which no question of the data checks.
+  - ids: an UPDATE or DELETE counts only if it hit the memory the oracle changes (the text of the
+    memory it touched matches the oracle op's old memory at `fact_match_f1`), so an UPDATE of the
+    wrong memory is wrong; ADDs and NONE match by event as before.
 """
 from collections import Counter
 
@@ -100,11 +108,47 @@ def match_facts(memories: list[str], facts: list[str], threshold: float) -> int:
     return n
 
 
+def seen_by_reward(conv, timeline: list[dict]):
+    """dia_ids -> whether the reward can see a call over those turns (module doc)."""
+    order = {t.dia_id: i for i, t in enumerate(conv.turns())}
+    slot_of = {e["dia_id"]: e["slot"] for e in timeline}
+    final_at: dict[str, int] = {}   # slot -> the earliest turn by which a question on it is final
+    for qa in conv.qa:
+        turns = [d for d in qa.evidence if d in slot_of and d in order]
+        if turns:
+            last = max(order[d] for d in turns)
+            for d in turns:
+                final_at[slot_of[d]] = min(final_at.get(slot_of[d], last), last)
+    return lambda dia_ids: any(slot_of[d] in final_at and final_at[slot_of[d]] <= max(order[x] for x in dia_ids)
+                               for d in dia_ids if d in slot_of)
+
+
+def id_matches(net: list[dict], events: list[str], touched: list[list[str]], threshold: float) -> tuple[int, int]:
+    """(intersection, union) of the oracle's net ops and the manager's, where an UPDATE or DELETE must
+    also have hit the oracle op's memory (module doc)."""
+    o_adds = sum(op["event"] == "ADD" for op in net)
+    o_changes = [(op["event"], _tokens(op["old_memory"])) for op in net if op["event"] in ("UPDATE", "DELETE")]
+    p_adds = events.count("ADD")
+    if not (o_adds or o_changes) and not (p_adds or touched):
+        return 1, 1    # both change nothing
+    inter, free = min(o_adds, p_adds), list(o_changes)
+    for event, text in touched:
+        hit = next((i for i, (e, old) in enumerate(free) if e == event and _token_f1(_tokens(text), old) >= threshold),
+                   None)
+        if hit is not None:
+            free.pop(hit)
+            inter += 1
+    size_o = (o_adds + len(o_changes)) or 1
+    size_p = (p_adds + len(touched)) or 1
+    return inter, size_o + size_p - inter
+
+
 def oracle_scores(conv, steps: list[dict], memories: list[str],
                   threshold: float, turns_limit: set[str] | None = None) -> dict:
     """Op accuracy and fact recall / precision of one conversation (see the module doc)."""
     timeline = [e for e in conv.oracle["timeline"] if turns_limit is None or e["dia_id"] in turns_limit]
     oracle_by_turn = {e["dia_id"]: e["event"] for e in timeline}
+    seen = seen_by_reward(conv, timeline)
     done = [g for s in steps for g in s.get("groups", [])]
     called = {d for g in done for d in g["dia_ids"]}
     calls = []   # one record per manager call (and per oracle turn that never reached one): paired units
@@ -112,11 +156,15 @@ def oracle_scores(conv, steps: list[dict], memories: list[str],
         net = call_ops(timeline, g["dia_ids"])
         o = Counter(op["event"] for op in net if op["event"] != "NONE") or Counter(["NONE"])
         p = Counter(e for e in g["events"] if e != "NONE") or Counter(["NONE"])
-        calls.append({"sample_id": conv.sample_id, "dia_ids": list(g["dia_ids"]), "inter": sum((o & p).values()),
-                      "union": sum((o | p).values())})
+        rec = {"sample_id": conv.sample_id, "dia_ids": list(g["dia_ids"]), "inter": sum((o & p).values()),
+               "union": sum((o | p).values()), "seen": seen(g["dia_ids"])}
+        if "touched" in g:
+            rec["inter_ids"], rec["union_ids"] = id_matches(net, g["events"], g["touched"], threshold)
+        calls.append(rec)
     for d, event in oracle_by_turn.items():   # oracle turns that never reached the manager
         if d not in called:
-            calls.append({"sample_id": conv.sample_id, "dia_ids": [d], "inter": int(event == "NONE"), "union": 1})
+            calls.append({"sample_id": conv.sample_id, "dia_ids": [d], "inter": int(event == "NONE"), "union": 1,
+                          "inter_ids": int(event == "NONE"), "union_ids": 1, "seen": seen([d])})
     final = list(conv.oracle["final_facts"].values()) if turns_limit is None else _facts_after(timeline)
     matched = match_facts(memories, final, threshold)
     return {"op_inter": sum(c["inter"] for c in calls), "op_union": sum(c["union"] for c in calls),
@@ -134,15 +182,35 @@ def _facts_after(timeline: list[dict]) -> list[str]:
     return list(state.values())
 
 
+# name, intersection key, union key, which calls: the op accuracies every report and comparison gives
+OP_ACCURACY_VARIANTS = (
+    ("op_accuracy", "inter", "union", lambda c: True),
+    ("op_accuracy_seen", "inter", "union", lambda c: c.get("seen") is True),
+    ("op_accuracy_unseen", "inter", "union", lambda c: c.get("seen") is False),
+    ("op_accuracy_ids", "inter_ids", "union_ids", lambda c: True),
+)
+
+
+def op_accuracies(calls: list[dict]) -> dict:
+    """Each variant's sum |O&P| / sum |O|P| over the calls it covers (None when it covers none)."""
+    out = {}
+    for name, inter, union, keep in OP_ACCURACY_VARIANTS:
+        chosen = [c for c in calls if inter in c and keep(c)]
+        den = sum(c[union] for c in chosen)
+        out[name] = sum(c[inter] for c in chosen) / den if den else None
+    return out
+
+
 def summarize_oracle(parts: list[dict]) -> dict | None:
     if not parts:
         return None
-    inter, union = sum(p["op_inter"] for p in parts), sum(p["op_union"] for p in parts)
     facts, mems, matched = (sum(p[k] for p in parts) for k in ("facts", "memories", "matched"))
-    return {"op_accuracy": inter / union if union else None,
+    calls = [c for p in parts for c in p["calls"]]
+    return {**op_accuracies(calls),
             "fact_recall": matched / facts if facts else None,
             "fact_precision": matched / mems if mems else None,
             "n_conversations": len(parts), "n_final_facts": facts, "n_memories": mems, "n_matched": matched,
-            "calls": [c for p in parts for c in p["calls"]],
-            "definition": "op accuracy: multiset |O&P|/|O|P| per manager call; facts: one-to-one token-F1 "
+            "n_calls_seen": sum(c.get("seen") is True for c in calls), "calls": calls,
+            "definition": "op accuracy: multiset |O&P|/|O|P| per manager call (seen: calls whose ops the reward "
+                          "can see; ids: UPDATE/DELETE must hit the oracle's memory); facts: one-to-one token-F1 "
                           "match (function words dropped) at eval.fact_match_f1"}

@@ -107,6 +107,11 @@ class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     invalid_op_penalty: Annotated[float, Meta(ge=0)] = 0.0   # manager: per op dropped (unknown id or
                                                              # event, duplicate) or rejected by the bank
     answer_format_penalty: Annotated[float, Meta(ge=0)] = 0.0  # answer agent: no "Answer:" line
+    # manager: per memory the call's applied ops add to the bank (ADDs minus DELETEs, never below 0), a
+    # call-level form of Memory-R2's compression penalty; not in Memory-R1. Without it an append-only
+    # manager (every fact, change and deletion written as a new dated memory) costs the reward nothing
+    # where the answer agent reads the newest memory right, however large the bank grows.
+    memory_penalty: Annotated[float, Meta(ge=0)] = 0.0
 
 
 def answer_score(prediction: str, gold: str, kind: str, judge_label: str | None = None) -> float:
@@ -125,10 +130,11 @@ def answer_reward(score: float, has_answer_tag: bool, cfg: RewardConfig) -> dict
     return {cfg.kind: score, "format": 0.0 if has_answer_tag else -cfg.answer_format_penalty}
 
 
-def manager_reward(answer_scores: list[float], parsed: bool, invalid_ops: int, cfg: RewardConfig
-                   ) -> dict[str, float]:
+def manager_reward(answer_scores: list[float], parsed: bool, invalid_ops: int, cfg: RewardConfig,
+                   growth: int = 0) -> dict[str, float]:
     """The manager's reward parts: the frozen answer agent's mean score on the edited bank (the
-    paper's outcome reward), minus the format and invalid-op penalties."""
+    paper's outcome reward), minus the format, invalid-op and memory-growth penalties (`growth`: the
+    memories the applied ops added, net of deletions)."""
     outcome = sum(answer_scores) / len(answer_scores) if answer_scores else 0.0
     return {cfg.kind: outcome, "format": 0.0 if parsed else -cfg.format_penalty,
-            "invalid_op": -cfg.invalid_op_penalty * invalid_ops}
+            "invalid_op": -cfg.invalid_op_penalty * invalid_ops, "memory": -cfg.memory_penalty * max(0, growth)}

@@ -7,13 +7,16 @@ AnswerStage: the answer turn gets G completions; the reward is `rewards.answer_r
 Both build prompts and apply ops through rl/turns.py, exactly as evaluation does. Under data
 parallelism a stage rolls out only its rank's share of each step's items (`items.step_items`).
 """
+import json
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
+from memr1.memory_store import Add, Delete
 from memr1.rl.agents import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
 from memr1.rl.agents.manager import EVENTS, ManagerConfig
@@ -72,15 +75,82 @@ def score_answers(texts: list[str], golds: list[str], questions: list[str], cfg:
     return parsed, [answer_score(p.answer, g, reward.kind, lab) for p, g, lab in zip(parsed, golds, labels)]
 
 
+def bank_growth(outcome) -> int:
+    """Memories an outcome's applied ops add to the bank, net of the ones they delete."""
+    if not outcome.applied:
+        return 0
+    return sum(isinstance(op, Add) for op in outcome.store_ops) - sum(isinstance(op, Delete) for op in outcome.store_ops)
+
+
+def greedy_once(generator, prompts: list, max_new_tokens: int) -> tuple[list, int]:
+    """(one greedy completion per prompt, the number of distinct prompts), each distinct prompt
+    generated once: a group's forks often hold the same bank, so their answer prompts repeat, and
+    greedy decoding gives each copy the same answer."""
+    keys = [json.dumps(p, sort_keys=True) for p in prompts]
+    first: dict[str, list] = {}
+    for k, p in zip(keys, prompts):
+        first.setdefault(k, p)
+    got = generator.generate(list(first.values()), 1, GREEDY.with_tokens(max_new_tokens)) if first else []
+    by_key = dict(zip(first, got))
+    return [by_key[k] for k in keys], len(first)
+
+
+@dataclass
+class ManagerScores:
+    """What `ManagerStage.score` found, per completion (outcomes, parts, scores) and per answer."""
+    outcomes: list            # ManagerOutcome per completion
+    parts: list[dict]         # reward parts per completion
+    scores: list[list[float]]  # the answer scores behind each completion's outcome reward
+    answers: list             # the frozen answerer's completions, flat over (completion, question)
+    parsed: list              # those answers parsed
+    golds: list[str]
+    fork_s: float
+    frozen_s: float
+    frozen_prompts: int       # distinct answer prompts generated (the rest repeat one of them)
+
+
 class ManagerStage:
     name = "manager"
-
     def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig,
                  manager: ManagerConfig, answer: AnswerConfig, reward: RewardConfig, judge=None,
                  rank: int = 0, world: int = 1):
         self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
         self.cfg, self.rollout_sampling, self.manager, self.answer, self.reward = cfg, rollout, manager, answer, reward
         self.rank, self.world = rank, world
+        self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
+
+    def score(self, items, turns, owners: list[int], completions: list) -> "ManagerScores":
+        """Score manager completions (`owners[j]`: the index in `items`/`turns` that completion j
+        answers): each edits its own fork of its item's bank (a refused or unparsed one leaves it as
+        it was), the frozen Answer Agent answers the item's questions from every fork in one generate
+        call, and each completion gets `rewards.manager_reward`. Rollouts and rl/op_probe.py call this."""
+        with span("parse"):
+            outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.embedder, self.manager)
+        forks = []
+        t1 = time.perf_counter()
+        with span("fork_apply"):
+            for i, outcome in zip(owners, outcomes):
+                forks.append(items[i].bank.fork())
+                apply_outcomes(forks[-1], [outcome])
+        t2 = time.perf_counter()
+        with span("frozen_answers"):
+            requests, who = [], []
+            for j, (i, fork) in enumerate(zip(owners, forks)):
+                requests += [AnswerRequest(fork, qa.question, items[i].speakers) for qa in items[i].questions]
+                who += [(j, qa.answer) for qa in items[i].questions]
+            answers, distinct = greedy_once(self.frozen, answer_prompts(requests, self.embedder, self.answer),
+                                  self.answer.max_new_tokens)
+        t3 = time.perf_counter()
+        golds = [g for _, g in who]
+        with span("reward"):
+            parsed, scores = score_answers([a[0].text for a in answers], golds, [r.question for r in requests],
+                                           self.answer, self.reward, self.judge)
+            per_fork = [[] for _ in forks]
+            for (j, _), s in zip(who, scores):
+                per_fork[j].append(s)
+            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward, bank_growth(o))
+                     for j, o in enumerate(outcomes)]
+        return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct)
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
@@ -92,39 +162,11 @@ class ManagerStage:
             completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
 
-        # Every completion edits its own fork of its item's bank; a refused or unparsed one leaves it as it was.
-        with span("parse"):
-            outcomes = decide([(t, c) for t, group in zip(turns, completions) for c in group], self.embedder,
-                              self.manager)
         G = self.cfg.group_size
-        forks = []
-        t1 = time.perf_counter()
-        with span("fork_apply"):
-            for j, outcome in enumerate(outcomes):
-                forks.append(items[j // G].bank.fork())
-                apply_outcomes(forks[-1], [outcome])
-        t2 = time.perf_counter()
-
-        # The frozen Answer Agent answers each item's questions from each fork, in one generate call.
-        with span("frozen_answers"):
-            requests, owners = [], []
-            for j, fork in enumerate(forks):
-                it = items[j // G]
-                requests += [AnswerRequest(fork, qa.question, it.speakers) for qa in it.questions]
-                owners += [(j, qa.answer) for qa in it.questions]
-            answers = self.frozen.generate(answer_prompts(requests, self.embedder, self.answer), 1,
-                                           GREEDY.with_tokens(self.answer.max_new_tokens)) if requests else []
-        t3 = time.perf_counter()
-        texts = [a[0].text for a in answers]
-        golds = [g for _, g in owners]
-        with span("reward"):
-            parsed, scores = score_answers(texts, golds, [r.question for r in requests], self.answer, self.reward,
-                                           self.judge)
-            per_fork = [[] for _ in forks]
-            for (j, _), s in zip(owners, scores):
-                per_fork[j].append(s)
-            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward) for j, o in enumerate(outcomes)]
-            groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
+        flat = [c for group in completions for c in group]
+        sc = self.score(items, turns, [j // G for j in range(len(flat))], flat)
+        outcomes, answers, parsed, golds = sc.outcomes, sc.answers, sc.parsed, sc.golds
+        groups = [group_of(completions[i], sc.parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
 
         n = len(outcomes)
         status = Counter(o.status for o in outcomes)
@@ -137,12 +179,13 @@ class ManagerStage:
                    **{f"ops_{e.lower()}": events[e] / n for e in EVENTS},
                    "capped_rate": mean(o.truncated for o in outcomes),
                    "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
-                   "frozen_answers": len(answers), "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
+                   "frozen_answers": len(answers), "frozen_prompts": sc.frozen_prompts, "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups),
                    # counters for the throughput summary (engine/throughput.py)
-                   "completions": n, "forks": len(forks), "fork_s": t2 - t1, "frozen_s": t3 - t2,
+                   "completions": n, "forks": n, "fork_s": sc.fork_s, "frozen_s": sc.frozen_s,
                    "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied),
-                   "frozen_tokens": sum(len(a[0].token_ids) for a in answers)}
+                   "frozen_tokens": sum(len(a[0].token_ids) for a in answers),
+                   **{k: self.item_stats[k] for k in ("dead_items", "unreachable_questions") if k in self.item_stats}}
         return Rollout(TrainBatch(groups, generator.weight_version), metrics)
 
 

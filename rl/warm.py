@@ -1,5 +1,6 @@
 """Warm start: a few supervised steps on the synthetic oracle before RL, as a stage of its own through
-the same loop, learner and checkpoints.
+the same loop, learner and checkpoints. The same stage is each RL stage's supervised control
+("<role>_control"): the warm checkpoint trained further on the RL stage's own prompts, in its order.
 
 A warm group is one prompt, built by the same turn code as the RL stage, with one scripted reply
 whose advantage is 1. With no sampling there is nothing to correct for, and the policy-gradient loss
@@ -63,13 +64,13 @@ class WarmStage:
     """Supervised warm start of one role ("manager" or "answer") on the oracle; see the module doc."""
 
     def __init__(self, role: str, items, conversations: dict, embedder, tokenizer, cfg: StageConfig,
-                 manager: ManagerConfig, answer: AnswerConfig, rank: int = 0, world: int = 1):
+                 manager: ManagerConfig, answer: AnswerConfig, rank: int = 0, world: int = 1, name: str = ""):
         if role not in ("manager", "answer"):
             raise ValueError(f"WarmStage role must be manager or answer, got {role!r}")
         missing = sorted({it.conversation for it in items if not conversations[it.conversation].oracle})
         if missing:
             raise ValueError(f"a {role} warm start needs the synthetic oracle; {missing[:3]} have none")
-        self.name, self.role = f"{role}_warm", role
+        self.name, self.role = name or f"{role}_warm", role
         self.items, self.convs, self.embedder, self.tokenizer = items, conversations, embedder, tokenizer
         self.cfg, self.manager, self.answer, self.rank, self.world = cfg, manager, answer, rank, world
 

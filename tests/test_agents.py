@@ -95,12 +95,12 @@ def test_manager_parse_failure_means_no_ops_and_the_reward_says_why():
     for bad in ("", "I think we should add it.", '{"memory": "none"}', None, 17, "{{{{"):
         ops, d = parse_manager_output(bad, 3)
         assert ops == [] and not d.parsed and d.status == "parse_error" and d.error
-        assert manager_reward([1.0], d.parsed, 0, cfg) == {"em": 1.0, "format": -0.7, "invalid_op": 0.0}
+        assert manager_reward([1.0], d.parsed, 0, cfg) == {"em": 1.0, "format": -0.7, "invalid_op": 0.0, "memory": 0.0}
     out = '{"memory": [{"id": "5", "event": "DELETE"}, {"id": "-1", "event": "DELETE"}, {"id": "--1"}, {"id": "²"}]}'
     _, d = parse_manager_output(out, 3)
     assert d.hallucinated_ids == ["5", "-1"] and d.invalid_items == 2   # odd ids never crash the parser
     parts = manager_reward([0.0, 1.0], d.parsed, 4, cfg)
-    assert parts == {"em": 0.5, "format": 0.0, "invalid_op": pytest.approx(-0.4)}
+    assert parts == {"em": 0.5, "format": 0.0, "invalid_op": pytest.approx(-0.4), "memory": 0.0}
 
 
 def test_store_ops_apply_to_a_fork_only():

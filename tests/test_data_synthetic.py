@@ -101,6 +101,11 @@ def test_answers_follow_the_latest_state(data):
         by_dia = {e["dia_id"]: e for e in oracle["timeline"]}
         for qa in conv["qa"]:
             assert qa["category"] in (1, 2, 3, 4) and qa["answer"] and len(qa["answer"].split()) <= 6
+            if qa["memr1_kind"].endswith("-none"):   # its slot was emptied by the DELETE it cites
+                (ev,) = qa["evidence"]
+                assert qa["answer"] == "none" and by_dia[ev]["event"] == "DELETE"
+                assert by_dia[ev]["slot"] not in oracle["final_facts"]
+                continue
             for ev in qa["evidence"]:
                 assert by_dia[ev]["memory"] in final_texts      # evidence is still live at the end
             if qa["category"] == 1:
@@ -111,6 +116,27 @@ def test_answers_follow_the_latest_state(data):
         for q in counts:   # the count is the latest one, after any second adoption
             assert by_dia[q["evidence"][0]]["memory"].split(" has ")[1].startswith(q["answer"] + " ")
     assert checked > 100
+
+
+def test_add_dominates_and_every_op_kind_has_questions(data):
+    """Speakers have many distinct facts, so most fact turns are ADDs (as in real dialogue), and each
+    op kind decides some answer: DELETEs give "none" answers, UPDATEs the latest value, restatements
+    of detailed memories say less than the memory holds."""
+    events = Counter(e["event"] for c in data for e in c["memr1_oracle"]["timeline"])
+    total = sum(events.values())
+    assert events["ADD"] / total > 0.55 and min(events.values()) / total > 0.04, events
+    by_event = Counter()
+    vaguer = 0
+    for conv in data:
+        by_dia = {e["dia_id"]: e for e in conv["memr1_oracle"]["timeline"]}
+        for qa in conv["qa"]:
+            by_event.update({by_dia[ev]["event"] for ev in qa["evidence"]})
+        for e in by_dia.values():
+            vaguer += e["event"] == "NONE" and len(e["fact"]) < len(e["old_memory"])
+    assert all(by_event[k] > 20 for k in ("ADD", "UPDATE", "DELETE")), by_event
+    assert vaguer > 20
+    facts = [len(c["memr1_oracle"]["final_facts"]) / 2 for c in data]
+    assert sum(facts) / len(facts) > 6   # more facts per speaker than the answer agent's top 5
 
 
 def test_variety_and_categories(data):

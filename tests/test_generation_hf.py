@@ -236,3 +236,16 @@ def test_checkpoint_manifest_reads_headers(tiny):
     assert checkpoint_manifest(folder) == gen.named_shapes()
     with pytest.raises(ValueError, match="safetensors"):
         checkpoint_manifest(folder / "nowhere")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_fast_dtype_is_bf16_only_where_the_hardware_has_it(tiny, monkeypatch, native):
+    """generator.dtype = "fast": bf16 on hardware that multiplies it natively, else the checkpoint's
+    dtype (the tiny checkpoint is fp32)."""
+    from memr1.engine import throughput
+    from memr1.engine.generation.base import engine_dtype
+    monkeypatch.setattr(throughput, "native_bf16", lambda device="cpu": native)
+    assert engine_dtype("fast") == ("bfloat16" if native else "auto") and engine_dtype("float32") == "float32"
+    _, folder = tiny
+    gen = make_generator(GeneratorConfig(backend="hf", model=str(folder), max_model_len=64, dtype="fast"))
+    assert next(gen.model.parameters()).dtype == (torch.bfloat16 if native else torch.float32)

@@ -1,43 +1,107 @@
-"""rl.items: every train question reaches stage 1, calls are cut as evaluation cuts them, the bank
-before a call holds exactly its history, rank shares partition each step. (That training never draws
+"""rl.items: each question sits in the call that decides it, guards sit on shown memories of the
+history, calls are cut as evaluation cuts them, the bank before a call holds exactly its history,
+rank shares partition each step. (That training never draws
 the val split is checked on a whole run in test_train.)"""
 from pathlib import Path
 
 import pytest
 
 from memr1.memory_store import HashEmbedder
+from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import oracle_facts, stream_groups
 from memr1.rl.data import load_conversations
-from memr1.rl.items import (ItemsConfig, history_conversation, in_history, manager_calls, manager_items, oracle_bank,
+from memr1.rl.items import (CallSpec, CallStats, ItemsConfig, ManagerItem, dead_items, history_conversation,
+                            in_history, live_questions, manager_calls, manager_items, oracle_bank, oracle_banks,
                             step_items)
+from memr1.rl.turns import manager_turns
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_train_val.json"
 
 
-def every_question_reaches_an_item(convs, facts, turns_per_call, per_item):
-    specs = manager_calls(convs, facts, turns_per_call)
+def assert_each_question_in_the_call_that_decides_it(convs, facts, turns_per_call, per_item):
+    """Every item's questions have their last fact-bearing evidence turn inside the item's call and
+    every other fact-bearing evidence turn in the call's bank history, never after the call; each
+    question with a fact-bearing evidence turn is decided exactly once, the others are counted."""
+    stats = CallStats()
+    specs = manager_calls(convs, facts, turns_per_call, stats=stats)
     items = manager_items(specs, [None] * len(specs), ItemsConfig(max_questions_per_item=per_item), seed=0)
-    got = sorted((it.conversation, q.question) for it in items for q in it.questions)
-    want = sorted((c.sample_id, q.question) for c in convs for q in c.qa)
-    assert got == want   # each question exactly once
-    assert all(1 <= len(it.questions) <= per_item for it in items)
+    by_id = {c.sample_id: c for c in convs}
+    for it in items:
+        conv = by_id[it.conversation]
+        turns, f = conv.turns(), facts[conv.sample_id]
+        order = {t.dia_id: i for i, t in enumerate(turns)}
+        inside = {order[d] for d in it.call["dia_ids"]}
+        spec = CallSpec(conv, it.call, it.decided, min(inside), max(inside) + 1)
+        assert 1 <= len(it.decided) <= per_item
+        for qa in it.decided:
+            bearing = [order[e] for e in qa.evidence if e in order and f[order[e]]]
+            assert max(bearing) in inside, (it.source, qa.question, qa.evidence)
+            assert all(i in inside or in_history(spec, i, turns[i].speaker) for i in bearing)
+    got = sorted((it.conversation, q.question) for it in items for q in it.decided)
+    reachable = []
+    for c in convs:
+        order = {t.dia_id: i for i, t in enumerate(c.turns())}
+        reachable += [(c.sample_id, q.question) for q in c.qa
+                      if any(e in order and facts[c.sample_id][order[e]] for e in q.evidence)]
+    assert got == sorted(reachable)   # each reachable question exactly once
+    assert stats.questions == sum(len(c.qa) for c in convs)
+    assert stats.unreachable == stats.questions - len(reachable)
     return specs
 
 
-@pytest.mark.parametrize("turns_per_call, per_item", [(1, 2), (3, 1)])
-def test_every_synthetic_question_reaches_stage_1(turns_per_call, per_item):
-    convs = load_conversations(None, n=10, split="train")
-    every_question_reaches_an_item(convs, {c.sample_id: oracle_facts(c) for c in convs}, turns_per_call, per_item)
+@pytest.mark.parametrize("turns_per_call, per_item", [(1, 2), (2, 2), (3, 1)])
+def test_each_synthetic_question_sits_in_the_call_that_decides_it(turns_per_call, per_item):
+    convs = load_conversations(None, n=30, split="train")
+    assert_each_question_in_the_call_that_decides_it(convs, {c.sample_id: oracle_facts(c) for c in convs},
+                                                     turns_per_call, per_item)
 
 
 @pytest.mark.skipif(not LOCOMO.is_file(), reason=f"needs the LoCoMo file at {LOCOMO} (not shipped)")
-def test_every_locomo_train_question_reaches_stage_1():
-    """The 152 train QA of conv-26, with facts on only some turns (as extraction leaves many turns
-    empty): questions whose evidence turn has none go to the nearest earlier call."""
-    convs = load_conversations(str(LOCOMO), split="train")
-    assert sum(len(c.qa) for c in convs) == 152
+def test_each_locomo_question_sits_in_the_call_that_decides_it():
+    """conv-26 and conv-30, with facts on only some turns (as extraction leaves many turns empty): an
+    evidence turn without facts never picks the call, and a question with no fact-bearing evidence is
+    counted as unreachable."""
+    convs = load_conversations(str(LOCOMO))
+    assert sum(len(c.qa) for c in convs) == 152 + 81
     facts = {c.sample_id: [[t.text] if i % 3 == 0 else [] for i, t in enumerate(c.turns())] for c in convs}
-    every_question_reaches_an_item(convs, facts, 2, 2)
+    for turns_per_call in (1, 2):
+        assert_each_question_in_the_call_that_decides_it(convs, facts, turns_per_call, 2)
+
+
+def test_guard_questions_are_on_shown_memories_of_the_history_and_no_item_is_dead():
+    """Guards (oracle data): every evidence turn in the call's history, an evidence memory among the
+    memories its prompt shows; calls that decide nothing (restatements) still reach RL through them."""
+    embedder = HashEmbedder(64)
+    convs = load_conversations(None, n=20, split="train")
+    facts = {c.sample_id: oracle_facts(c) for c in convs}
+    cfg = ManagerConfig(top_k=5, turns_per_call=2, list_unchanged=False)
+    specs = manager_calls(convs, facts, 2, every_call=True)
+    banks = oracle_banks(specs, embedder)
+    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"]) for s, b in zip(specs, banks)],
+                          embedder, cfg)
+    shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
+    items = manager_items(specs, banks, ItemsConfig(guard_questions=2), 0, shown, keep_empty=False)
+    oracles = {c.sample_id: c.oracle for c in convs}
+    guard_only = 0
+    for it in items:
+        conv = next(c for c in convs if c.sample_id == it.conversation)
+        order = {t.dia_id: i for i, t in enumerate(conv.turns())}
+        spec = CallSpec(conv, it.call, it.decided, order[it.call["dia_ids"][0]], order[it.call["dia_ids"][-1]] + 1)
+        memory = {e["dia_id"]: (e["memory"], e["speaker"]) for e in conv.oracle["timeline"]}
+        assert it.questions and len(it.guards) <= 2
+        for qa in it.guards:
+            assert qa not in it.decided
+            assert all(in_history(spec, order[e], memory[e][1]) for e in qa.evidence)
+            assert any(memory[e][0] in it.shown for e in qa.evidence)
+        guard_only += not it.decided
+        assert all(live_questions(it, conv.oracle))   # every question can be changed by the call
+    assert guard_only > 10
+    assert dead_items(items, oracles) == 0
+    # an item whose questions lie outside its call and its prompt is dead
+    dead = ManagerItem(items[0].conversation, items[0].call, None, [], items[0].speakers,
+                       [q for q in next(c for c in convs if c.sample_id == items[0].conversation).qa
+                        if not set(q.evidence) & set(items[0].call["dia_ids"])][:1], shown=[])
+    assert dead_items([dead], oracles) == 1
 
 
 def test_a_call_is_cut_like_evaluation_and_its_bank_holds_its_history():

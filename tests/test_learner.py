@@ -213,6 +213,22 @@ def test_activation_checkpointing_changes_memory_not_the_step(tiny):
         torch.testing.assert_close(outs[True][1][name], w, atol=1e-6, rtol=0)
 
 
+def test_cpu_bf16_autocast_is_the_fp32_step_to_bf16_precision(tiny):
+    """cpu_precision bf16: the forward runs in bf16 (log-probs differ from fp32 by bf16 rounding, not
+    by more), master weights and their update stay fp32."""
+    outs = {}
+    for precision in ("fp32", "bf16"):
+        learner = learner_for(tiny, lr=1e-3, cpu_precision=precision)
+        assert learner.cpu_bf16 is (precision == "bf16")
+        m = learner.train_step(make_batch(groups=2, size=4))
+        outs[precision] = (m["loss"], m["nll"], weights(learner))
+    assert outs["bf16"][1] != outs["fp32"][1]                       # bf16 matmuls really ran
+    assert outs["bf16"][1] == pytest.approx(outs["fp32"][1], rel=2e-2)
+    for name, w in outs["fp32"][2].items():
+        assert outs["bf16"][2][name].dtype == torch.float32
+        torch.testing.assert_close(outs["bf16"][2][name], w, atol=3e-3, rtol=0)
+
+
 def test_train_layers_freezes_all_but_the_top_blocks(tiny):
     learner = learner_for(tiny, lr=1e-2, train_layers=1)
     before = weights(learner)

@@ -166,14 +166,18 @@ def test_openai_compatible_endpoint():
 
 def test_rewards_return_their_breakdown():
     from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, manager_reward
-    cfg = RewardConfig(kind="f1", answer_format_penalty=0.5, format_penalty=1.0, invalid_op_penalty=0.25)
+    cfg = RewardConfig(kind="f1", answer_format_penalty=0.5, format_penalty=1.0, invalid_op_penalty=0.25,
+                       memory_penalty=0.1)
     assert answer_score("two dogs", "2 dogs", "em") == 0.0 and answer_score("Dogs.", "dogs", "em") == 1.0
     assert answer_score("two dogs", "2 dogs", "f1") == pytest.approx(0.5)
     assert answer_score("anything", "x", "judge", "CORRECT") == 1.0 and answer_score("x", "x", "judge", "FAILED") == 0.0
     assert answer_reward(0.5, False, cfg) == {"f1": 0.5, "format": -0.5}
     assert answer_reward(1.0, True, cfg) == {"f1": 1.0, "format": 0.0}
     parts = manager_reward([1.0, 0.0, 0.5], True, 2, cfg)
-    assert parts == {"f1": 0.5, "format": 0.0, "invalid_op": -0.5} and sum(parts.values()) == 0.0
-    assert manager_reward([], False, 0, cfg) == {"f1": 0.0, "format": -1.0, "invalid_op": 0.0}
+    assert parts == {"f1": 0.5, "format": 0.0, "invalid_op": -0.5, "memory": 0.0} and sum(parts.values()) == 0.0
+    assert manager_reward([], False, 0, cfg) == {"f1": 0.0, "format": -1.0, "invalid_op": 0.0, "memory": 0.0}
+    # net growth costs per memory; a call that deletes more than it adds is not paid for it
+    assert manager_reward([1.0], True, 0, cfg, growth=3)["memory"] == pytest.approx(-0.3)
+    assert manager_reward([1.0], True, 0, cfg, growth=-2)["memory"] == 0.0
     with pytest.raises(ValueError, match="reward.kind"):
         answer_score("a", "a", "bleu")

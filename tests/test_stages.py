@@ -48,8 +48,8 @@ def setup(tmp_path_factory):
     return folder, gen_cfg, embedder, *build(convs, embedder), convs
 
 
-def manager_stage(items, frozen, embedder, cfg=FAST, rank=0, world=1):
-    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, MANAGER, ANSWER, REWARD, None, rank, world)
+def manager_stage(items, frozen, embedder, cfg=FAST, rank=0, world=1, reward=REWARD):
+    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, MANAGER, ANSWER, reward, None, rank, world)
 
 
 @pytest.mark.parametrize("stage_name", ["manager", "answer"])
@@ -100,7 +100,8 @@ def test_forks_keep_rollouts_independent(setup):
     texts = [json.dumps({"memory": [{"id": "99", "text": f"new fact {g}", "event": "ADD"}]}) for g in range(3)]
     texts.append("not json at all")
     frozen = ScriptedGenerator(["Answer: nothing"], finish="length")
-    stage = manager_stage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4))
+    stage = manager_stage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4),
+                          reward=msgspec.structs.replace(REWARD, memory_penalty=0.25))
     rollout = stage.rollout(0, ScriptedGenerator(texts))
     per_fork = len(item.questions)
     for g in range(3):  # each fork saw only its own ADD
@@ -111,6 +112,7 @@ def test_forks_keep_rollouts_independent(setup):
     assert rollout.metrics["parse_failure_rate"] == 0.25 and rollout.metrics["frozen_capped_rate"] == 1.0
     group = rollout.batch.groups[0]
     assert group.rewards[3] == -1.0 and group.breakdown["format"] == [0.0, 0.0, 0.0, -1.0]  # EM 0 - the penalty
+    assert group.breakdown["memory"] == [-0.25, -0.25, -0.25, 0.0]   # one memory more in each parsed fork
     assert group.prompt_ids == [c for c in group.prompt_ids] and len(group.responses) == 4
 
 
@@ -152,8 +154,9 @@ def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns
                 assert call["status"] == "ok"
         scores = oracle_scores(conv, b.steps, [m.text for m in b.bank], 0.5)   # the oracle's ops score 1.0
         assert scores["op_inter"] == scores["op_union"] > 0
+        assert all(c["inter_ids"] == c["union_ids"] for c in scores["calls"])   # every op hit the oracle's memory
         b.bank.close()
-    assert {tuple(e) for _, e in scripted.values()} >= {("ADD",)}
+    assert {"ADD", "UPDATE", "DELETE"} <= {e for _, events in scripted.values() for e in events}
 
 
 def test_the_training_and_eval_paths_build_the_same_answer_prompts(setup, tmp_path):

@@ -58,44 +58,78 @@ def test_both_stages_write_the_run_directory_and_resume(model, tmp_path):
     assert [(r["stage"], r["step"]) for r in rows(run)][4:] == [("manager", 3), ("answer", 3)]
 
 
-def test_warm_then_rl_hand_over_and_the_final_evaluation(model, tmp_path):
-    """answer_warm -> answer -> manager: each stage starts from its role's newest checkpoint, the
-    manager's frozen answerer is the trained answer agent, and the end of the run evaluates base, warm
-    and trained with paired comparisons."""
+def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(model, tmp_path, monkeypatch):
+    """answer_warm -> answer -> answer_control -> manager_warm -> manager -> manager_control: each RL
+    stage starts from its role's newest checkpoint, a control from its warm start on exactly the RL
+    stage's prompts, step by step, and hands on nothing (the manager's frozen answerer is the RL answer
+    agent); the end of the run evaluates base, warm, trained and control with paired comparisons."""
+    from memr1.engine import train as train_mod
+    sources: dict[str, list] = {}
+
+    class Recording(train_mod.Learner):
+        def train_step(self, batch):
+            sources.setdefault(self.recording, []).append([g.source for g in batch.groups])
+            return super().train_step(batch)
+
+    real_stage = train_mod.train_stage
+
+    def stage_named(run, name, *a, **k):
+        Recording.recording = name
+        return real_stage(run, name, *a, **k)
+    monkeypatch.setattr(train_mod, "Learner", Recording)
+    monkeypatch.setattr(train_mod, "train_stage", stage_named)
     run = tmp_path / "run"
-    cfg = load_config(None, overrides(model, run, 1, ("answer_warm", "answer", "manager")) + [
-        'eval_after=["base", "warm", "trained"]', "eval_split=train", f"cache_dir={tmp_path / 'cache'}",
+    stages = ("answer_warm", "answer", "answer_control", "manager_warm", "manager", "manager_control")
+    cfg = load_config(None, overrides(model, run, 1, stages) + [
+        'eval_after=["base", "warm", "trained", "control"]', "eval_split=train", f"cache_dir={tmp_path / 'cache'}",
         "eval.max_turns=6", "eval.max_questions=1", "items.bank_pipeline=oracle", "items.answer_banks=oracle",
-        "eval.resamples=200"])
+        "eval.resamples=200", "stage.manager.steps=2", "stage.answer_warm.lr=3e-4"])
     out = train(cfg)
     got = rows(run)
-    assert [(r["stage"], r["step"]) for r in got] == [("answer_warm", 1), ("answer", 1), ("manager", 1)]
-    warm = json.loads((latest_checkpoint(run / "answer") / "state.json").read_text())
-    assert warm["step"] == 1 and got[0]["nll"] > 0
+    assert [(r["stage"], r["step"]) for r in got] == [
+        ("answer_warm", 1), ("answer", 1), ("answer_control", 1), ("manager_warm", 1), ("manager", 1), ("manager", 2),
+        ("manager_control", 1), ("manager_control", 2)]
+    assert sources["manager_control"] == sources["manager"] and sources["answer_control"] == sources["answer"]
+    assert all(r["dead_items"] == 0 for r in got if r["stage"] == "manager")
+    control = json.loads((latest_checkpoint(run / "manager_control") / "state.json").read_text())
+    assert control["step"] == 2
+    frozen = json.loads((run / "eval" / "train.trained.json").read_text())["models"]["answer"]
+    assert "answer/checkpoints" in frozen and "control" not in frozen   # controls hand on nothing
     evals = {k: Path(v).name for k, v in out["evals"].items()}
     assert evals["base"] == "train.base.json" and evals["trained"] == "train.trained.json"
     assert evals["warm.oracle_banks"] == "train.warm.oracle_banks.json"
-    assert evals["trained_answer.base_manager"] == "train.trained_answer.base_manager.json"
+    for label in ("base", "warm", "control"):
+        assert evals[f"trained_answer.{label}_manager"] == f"train.trained_answer.{label}_manager.json"
+    ctrl = json.loads((run / "eval" / "train.control.json").read_text())
+    assert "manager_control/checkpoints" in ctrl["models"]["manager"]
+    assert "answer_control/checkpoints" in ctrl["models"]["answer"]
     base, trained = (json.loads((run / "eval" / f"train.{w}.json").read_text()) for w in ("base", "trained"))
-    assert "answer/checkpoints/step_1" in trained["models"]["answer"]
-    assert "manager/checkpoints/step_1" in trained["models"]["manager"]
+    assert "manager/checkpoints/step_2" in trained["models"]["manager"]
     assert base["models"]["extract"] == trained["models"]["extract"] and base["n_questions"] == trained["n_questions"]
     summary = json.loads((run / "eval" / "summary.json").read_text())
-    assert {"base", "warm", "trained", "base.oracle_banks"} <= set(summary["rows"])
-    for name in ("trained - base", "trained.oracle_banks - warm.oracle_banks", "trained - trained_answer.base_manager"):
+    assert {"base", "warm", "trained", "control", "base.oracle_banks"} <= set(summary["rows"])
+    for name in ("trained - base", "trained.oracle_banks - warm.oracle_banks", "trained - control",
+                 "trained - trained_answer.base_manager", "trained - trained_answer.warm_manager",
+                 "trained - trained_answer.control_manager"):
         r = summary["comparisons"][name]["em"]
-        assert r["n"] > 0 and r["ci_low"] <= r["delta"] <= r["ci_high"]
+        assert r["n"] > 0 and r["clusters"] <= r["n"] and r["ci_low"] <= r["delta"] <= r["ci_high"]
 
-    # bench.learning reads its rows from this run: every stage and metric, trained - base as compared.
+    # bench.learning reads its rows from this run: every stage and metric, each comparison as summarised.
     from memr1.bench.learning import rows_of
     table = {(r["stage"], r["metric"]): r for r in rows_of(run, 0, 1.0)}
-    assert set(table) == {("answer", "em"), ("answer", "f1"), ("manager", "op_accuracy"),
-                          ("manager", "parse_failure_last3"), ("manager", "f1"), ("end_to_end", "em"),
-                          ("end_to_end", "f1")}
+    assert set(table) == {("answer", "em"), ("answer", "f1"), ("manager", "em_fixed_answerer"),
+                          ("manager", "f1_fixed_answerer"), ("manager", "op_accuracy"), ("manager", "op_accuracy_seen"),
+                          ("manager", "op_accuracy_unseen"), ("manager", "op_accuracy_ids"), ("manager", "parse_failure"),
+                          ("manager", "parse_failure_last3"), ("end_to_end", "em"), ("end_to_end", "f1")}
     e2e = table[("end_to_end", "em")]
     assert e2e["delta"] == summary["comparisons"]["trained - base"]["em"]["delta"]
-    assert e2e["base"] == summary["rows"]["base"]["em"] and e2e["warm"] is not None
+    assert e2e["vs_control"] == summary["comparisons"]["trained - control"]["em"]["delta"]
+    assert e2e["base"] == summary["rows"]["base"]["em"] and e2e["control"] == summary["rows"]["control"]["em"]
     assert table[("answer", "f1")]["rl_delta"] == summary["comparisons"]["trained.oracle_banks - warm.oracle_banks"]["f1"]["delta"]
+    fixed = table[("manager", "em_fixed_answerer")]
+    assert fixed["warm"] == summary["rows"]["trained_answer.warm_manager"]["em"]
+    assert fixed["rl_delta"] == summary["comparisons"]["trained - trained_answer.warm_manager"]["em"]["delta"]
+    assert fixed["split"] == "test" and fixed["cluster"] == "conversation"
 
 
 def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, tmp_path, monkeypatch):
@@ -178,7 +212,8 @@ def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_p
     monkeypatch.setattr(learning.subprocess, "run", fake_run)
     config = tmp_path / "c.toml"
     config.write_text('name = "x"\n')
-    argv = ["--quick", "--config", str(config), "--runs", str(tmp_path / "runs"), "--json", str(tmp_path / "o.json")]
+    argv = ["--quick", "--config", str(config), "--runs", str(tmp_path / "runs"), "--json", str(tmp_path / "o.json"),
+            "--locomo", "", "--probe-items", "0"]
     learning.main(argv + ["--reuse"])
     learning.main(argv + ["--reuse"])
     assert len(calls) == 1
@@ -189,3 +224,4 @@ def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_p
     out = json.loads((tmp_path / "o.json").read_text())
     assert out["phases"]["0"] == {"stage answer": 1.0} and {r["stage"] for r in out["rows"]} == {
         "answer", "manager", "end_to_end"}
+    assert '--locomo' not in str(calls[0]) and "eval_split=test" in calls[0]

@@ -13,7 +13,8 @@ from memr1.rl.agents import SamplingConfig, chat_prompt_ids  # the one sampling 
 class GeneratorConfig(msgspec.Struct, kw_only=True):
     backend: str = "auto"  # "vllm" | "hf" | "auto" (vllm when importable)
     model: str = "default"  # "default" = converted SmolLM2-135M-Instruct; else a local HF checkpoint dir
-    dtype: str = "auto"  # "auto" keeps the checkpoint's dtype
+    dtype: str = "auto"  # "auto" keeps the checkpoint's dtype; "fast": bfloat16 where the hardware multiplies
+                         # it natively (GPUs, CPUs with AMX or AVX512-BF16), else the checkpoint's
     max_model_len: Annotated[int, Meta(ge=1)] = 4096  # prompt + new tokens
     truncate_prompts: bool = False  # keep the last tokens of an over-long prompt instead of raising
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.3
@@ -63,7 +64,15 @@ NEEDS_WEIGHTS = ("the model holds no complete weights (sleep level 2 dropped the
                  "broke part-way); call update_weights() with the full model first")
 
 BACKENDS = ("auto", "vllm", "hf")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "fast", "float32", "bfloat16", "float16")
+
+
+def engine_dtype(dtype: str) -> str:
+    """A config dtype with "fast" resolved for this machine (see GeneratorConfig.dtype)."""
+    if dtype != "fast":
+        return dtype
+    from memr1.engine.throughput import native_bf16
+    return "bfloat16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "auto"
 
 
 def check_config(cfg: GeneratorConfig) -> None:

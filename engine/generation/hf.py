@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from memr1.engine.generation.base import (NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig,
+from memr1.engine.generation.base import (NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, engine_dtype,
                                           check_sampling, cut_at_stop, tokenize_prompts)
 from memr1.engine.generation.weights import ManifestStream, check_named_tensors
 
@@ -25,7 +25,7 @@ class HFGenerator:
         torch.manual_seed(seed + rank)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        dtype = DTYPE.get(cfg.dtype, "auto")
+        dtype = DTYPE.get(engine_dtype(cfg.dtype), "auto")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
         self.model.to(self.device).eval()
         self.vocab_size = self.model.config.vocab_size

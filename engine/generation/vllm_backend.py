@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from memr1.engine.generation.base import NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, \
-    check_sampling, tokenize_prompts
+    check_sampling, engine_dtype, tokenize_prompts
 from memr1.engine.generation.weights import ManifestStream, check_named_tensors, checkpoint_manifest, stream
 
 
@@ -71,7 +71,8 @@ def distributed_args(seed: int) -> dict:
 
 def resolve_dtype(dtype: str, model_path: Path) -> str:
     """'auto' means the checkpoint's dtype. vLLM's own 'auto' downcasts fp32 checkpoints to 16 bits,
-    which would break logprob agreement with an fp32 learner."""
+    which would break logprob agreement with an fp32 learner. 'fast' is resolved by `engine_dtype`."""
+    dtype = engine_dtype(dtype)
     if dtype != "auto":
         return dtype
     config = json.loads((model_path / "config.json").read_text())

@@ -13,13 +13,15 @@ memory has the date of the conversation it came from. First, under "Relevant mem
 memories that answer the question, one per line. Then write the final answer on the last line as
 "Answer: <answer>", in at most 5 or 6 words: just the fact asked for. If memories disagree, trust the
 most recent one. Turn relative dates ("yesterday", "last week") into absolute dates using the memory's
-date. If the memories do not say, give your best short guess."""
+date. If no memory answers the question (it was never said, or is no longer true), the answer is
+"none"."""
 
 DIRECT_SYSTEM = """You answer questions about two people using memories taken from their past
 conversations. Each memory has the date of the conversation it came from.
 
 Reply with one line, "Answer: <answer>", in at most 5 or 6 words. If memories disagree, trust the most
-recent one, and turn relative dates into absolute dates using the memory's date."""
+recent one, and turn relative dates into absolute dates using the memory's date. If no memory answers
+the question, reply "Answer: none"."""
 
 
 class AnswerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,15 +1,24 @@
 """Synthetic multi-session dialogues with a known fact timeline, written in LoCoMo's JSON layout.
 
-Two speakers chat over a few dated sessions. Persona facts (pets, home city, job, sport, favorite
-food) are introduced (ADD), refined or superseded (UPDATE), contradicted (DELETE) and restated in other
-words (NONE), among chit-chat turns that carry no fact. Questions are asked at the end and their gold
-answers follow the LATEST state ("How many dogs does Andrew have?" after a second adoption -> "2").
+Two speakers chat over a few dated sessions. Each speaker has many distinct facts (seven to eleven
+slots of nineteen: pets, home, job, car, a planned trip, a sister, a race they ran, ...), so most
+fact-bearing turns introduce something new (ADD), as in real dialogue. Some facts change (UPDATE: a
+move, a new job, a second pet), some stop being true (DELETE: a quit job, a sold car, a cancelled
+trip), and some are restated, often with less detail than the memory holds (NONE: "I still love
+living in Denver" after "moved to Denver on 3 May"). Chit-chat turns carry no fact. Questions are
+asked at the end and their gold answers follow the LATEST state: "How many dogs does Andrew have?"
+after a second adoption is "2", and "What car does Andrew drive?" after he sold it is "none".
 
-Extra keys next to LoCoMo's: `memr1_split` (train/val/test by conversation index: 8/1/1 of every 10)
-and `memr1_oracle` with
+So every op kind changes an answer: a missed ADD loses a fact, an ADD instead of an UPDATE keeps a
+stale value beside the new one, a missed DELETE keeps a fact that is no longer true, and an UPDATE
+with a restatement loses detail that a question asks for (a move's date, a weekly match's day).
+
+Extra keys next to LoCoMo's: `memr1_split` (train/val/test by conversation index: 8/1/1 of every 10),
+`memr1_kind` on each question, and `memr1_oracle` with
 - `timeline`: one entry per fact-bearing turn, in dialogue order: `dia_id`, `speaker`, `slot`,
   `event` (ADD/UPDATE/DELETE/NONE, the manager's vocabulary), `fact` (what extraction should yield),
-  `memory` (the slot's text after the event; for DELETE the text removed), `old_memory` (before).
+  `memory` (the slot's text after the event; for DELETE and NONE the text kept or removed),
+  `old_memory` (before), `date`.
 - `final_facts`: slot -> memory text after the last turn.
 Conversation i depends only on (seed, i), so `synthesize(5)` is a prefix of `synthesize(50)`.
 """
@@ -23,21 +32,35 @@ from memr1.rl.data import synth_text as T
 from memr1.rl.data.locomo import Conversation, parse_locomo
 
 EVENT_OF = {"add": "ADD", "more": "UPDATE", "move": "UPDATE", "new": "UPDATE", "change": "UPDATE",
-            "quit": "DELETE", "same": "NONE"}
+            "detail": "UPDATE", "quit": "DELETE", "sold": "DELETE", "cancel": "DELETE", "same": "NONE"}
+REDRAW = {"add", "move", "new", "change"}   # events that draw the slot's main value anew
 
 
 def _slot_plan(rng: random.Random) -> dict[str, list[str]]:
     """Which event kinds each chosen slot goes through, in order."""
+    pick = rng.choice
     plans = {
-        "pet": ["pet_add"] + ["pet_more"] * rng.choice([0, 1, 1, 2]) + ["pet_same"] * rng.randint(0, 1),
-        "city": [rng.choice(["city_add", "city_move"])] + ["city_move"] * rng.choice([0, 1, 1, 2])
-                + ["city_same"] * rng.randint(0, 1),
-        "job": ["job_add"] + rng.choice([[], ["job_same"], ["job_quit"], ["job_quit", "job_new"],
-                                         ["job_new"]]),
-        "sport": ["sport_add"] + ["sport_more"] * rng.randint(0, 1) + ["sport_same"] * rng.randint(0, 1),
-        "food": ["food_add"] + ["food_change"] * rng.choice([0, 1, 1, 2]) + ["food_same"] * rng.randint(0, 1),
+        "pet": ["pet_add"] + ["pet_more"] * pick([0, 0, 1, 2]) + ["pet_same"] * rng.randint(0, 1),
+        "city": [pick(["city_add", "city_move"])] + ["city_move"] * pick([0, 0, 1]) + ["city_same"] * rng.randint(0, 1),
+        "job": ["job_add"] + pick([[], [], ["job_same"], ["job_quit"], ["job_quit", "job_new"], ["job_new"]]),
+        "sport": ["sport_add"] + ["sport_detail"] * rng.randint(0, 1) + ["sport_same"] * rng.randint(0, 1),
+        "food": ["food_add"] + ["food_change"] * pick([0, 0, 1]) + ["food_same"] * rng.randint(0, 1),
+        "car": ["car_add"] + pick([[], [], ["car_new"], ["car_sold"]]),
+        "instrument": ["instrument_add"] + pick([[], ["instrument_same"], ["instrument_quit"]]),
+        "language": ["language_add"] + pick([[], [], ["language_same"]]),
+        "trip": ["trip_add"] + pick([[], [], ["trip_change"], ["trip_cancel"]]),
+        "book": ["book_add"] + pick([[], ["book_new"]]),
+        "friend": ["friend_add"],
+        "dating": ["dating_add"] + pick([[], [], ["dating_quit"]]),
+        "sibling": ["sibling_add"] + pick([[], [], ["sibling_same"]]),
+        "kid": ["kid_add"],
+        "allergy": ["allergy_add"] + pick([[], ["allergy_same"]]),
+        "study": ["study_add"] + pick([[], [], ["study_quit"]]),
+        "movie": ["movie_add"] + pick([[], ["movie_change"]]),
+        "race": ["race_add"],
+        "concert": ["concert_add"],
     }
-    chosen = rng.sample(sorted(plans), rng.randint(3, 5))
+    chosen = rng.sample(sorted(plans), rng.randint(7, 11))
     return {k: plans[k] for k in chosen}
 
 
@@ -60,38 +83,46 @@ class _Speaker:
 
     def __init__(self, name: str, rng: random.Random):
         self.name, self.rng = name, rng
-        self.v = {"pet": rng.choice(T.PETS), "n": 0, "city": None, "job": None, "sport": rng.choice(T.SPORTS),
-                  "day": None, "partner": None, "food": None}
+        self.v: dict[str, dict] = {}          # slot -> its fields (kept after a DELETE, for the question)
         self.memory: dict[str, str] = {}      # slot -> current memory text
-        self.source: dict[str, dict] = {}     # slot -> {"dia_id", "date"} of the event that set it
+        self.source: dict[str, dict] = {}     # slot -> {"dia_id", "on_date"} of the event that set it
+        self.dropped: dict[str, str] = {}     # slot -> dia_id of the DELETE that emptied it
+        self.people: set[str] = set()         # names already given to someone in this persona
+
+    def _draw(self, field: str, avoid) -> str:
+        pool = [x for x in T.VOCAB[field] if x != avoid and not (T.VOCAB[field] is T.OTHERS and x in self.people)]
+        value = self.rng.choice(pool)
+        if T.VOCAB[field] is T.OTHERS:
+            self.people.add(value)
+        return value
 
     def fill(self, kind: str, date: dt.date) -> dict:
         """Draw the new values this event introduces and return the template fields."""
-        rng, v = self.rng, self.v
-        old_food = v["food"]
-        when = ""
-        if kind == "pet_add":
-            v["n"] = 1
-        elif kind == "pet_more":
+        slot, what = kind.split("_")
+        v, main = self.v.setdefault(slot, {}), T.MAIN[slot]
+        old = v.get(main)
+        if what in REDRAW:
+            if kind == "trip_change":
+                v["month"] = self._draw("month", v["month"])
+            else:
+                v[main] = self._draw(main, old)
+            if what == "add":
+                v.update({f: self._draw(f, None) for f in T.EXTRA.get(slot, ())})
+                v["n"] = 1
+        elif what == "more":
             v["n"] += 1
-        elif kind in ("city_add", "city_move"):
-            v["city"] = rng.choice([c for c in T.CITIES if c != v["city"]])
-        elif kind in ("job_add", "job_new"):
-            v["job"] = rng.choice([j for j in T.JOBS if j != v["job"]])
-        elif kind == "sport_more":
-            v["day"], v["partner"] = rng.choice(T.DAYS), rng.choice(T.PARTNERS)
-        elif kind in ("food_add", "food_change"):
-            v["food"] = rng.choice([f for f in T.FOODS if f != v["food"]])
-        if kind in ("city_move", "job_new"):
-            when = rng.choice(T.WHEN)
+        elif what == "detail":
+            v["day"], v["partner"] = self._draw("day", None), self._draw("partner", None)
+        when = self.rng.choice(T.WHEN) if kind in T.DATED else ""
         if when == " yesterday":
             on_date = "on " + _fmt_date(date - dt.timedelta(days=1))
         elif when == " last week":
             on_date = "the week before " + _fmt_date(date)
         else:
             on_date = "on " + _fmt_date(date)
-        return dict(v, name=self.name, pets=T.plural(v["pet"], v["n"]), old=old_food, when=when,
-                    on_date=on_date)
+        pet = v.get("pet", "")
+        return dict(v, name=self.name, old=old, when=when, on_date=on_date, pets=T.plural(pet, v.get("n", 1)),
+                    pets_any=T.plural(pet, 2))
 
 
 def _one_conversation(seed: int, index: int) -> dict:
@@ -136,7 +167,7 @@ def _one_conversation(seed: int, index: int) -> dict:
             event = EVENT_OF[kind.split("_")[1]]
             old = person.memory.get(slot)
             if event == "UPDATE" and old is None:
-                event = "ADD"   # e.g. a move mentioned before any home city was known
+                event = "ADD"   # e.g. a move mentioned before any home city was known, a job after quitting
             entry = {"dia_id": dia_id, "speaker": name, "slot": f"{name}/{slot}", "event": event,
                      "fact": fact, "memory": fact if event in ("ADD", "UPDATE") else old,
                      "date": _fmt_date(date)}
@@ -146,9 +177,11 @@ def _one_conversation(seed: int, index: int) -> dict:
             if event in ("ADD", "UPDATE"):
                 person.memory[slot] = fact
                 person.source[slot] = {"dia_id": dia_id, "on_date": fields["on_date"]}
+                person.dropped.pop(slot, None)
             elif event == "DELETE":
                 del person.memory[slot]
                 person.source.pop(slot)
+                person.dropped[slot] = dia_id
             if rng.random() < 0.5:
                 say(other_of[name], rng.choice(T.CHITCHAT))
         say(other_of[turns[-1]["speaker"]], rng.choice(T.CHITCHAT))
@@ -161,6 +194,47 @@ def _one_conversation(seed: int, index: int) -> dict:
             "memr1_oracle": {"timeline": timeline, "final_facts": final}}
 
 
+def _slot_questions(name: str, slot: str, v: dict, memory: str | None, on_date: str) -> list[tuple]:
+    """(question, answer, category, kind) about one slot's final state; `memory` is None when a
+    DELETE emptied it, and the slot's main question then has the answer "none"."""
+    date = _date_answer(on_date)
+    main = {
+        "pet": (f"How many {T.plural(v.get('pet', ''), 2)} does {name} have?", v.get("n"), 1, "count"),
+        "city": (f"Where does {name} live?", v.get("city"), 1, "city"),
+        "job": (f"What is {name}'s job?", v.get("job"), 1, "job"),
+        "sport": (f"What sport does {name} play?", v.get("sport"), 1, "sport"),
+        "food": (f"What is {name}'s favorite food?", v.get("food"), 1, "food"),
+        "car": (f"What car does {name} drive?", v.get("car"), 1, "car"),
+        "instrument": (f"Which instrument is {name} learning?", v.get("instrument"), 1, "instrument"),
+        "language": (f"Which language is {name} learning?", v.get("language"), 1, "language"),
+        "trip": (f"Where is {name} planning to travel?", v.get("place"), 1, "trip"),
+        "book": (f"Which book is {name} reading?", v.get("book"), 1, "book"),
+        "friend": (f"Who is {name}'s best friend?", v.get("friend"), 1, "friend"),
+        "dating": (f"Who is {name} dating?", v.get("date_name"), 1, "dating"),
+        "sibling": (f"What is the name of {name}'s {v.get('relative')}?", v.get("sibling"), 1, "sibling"),
+        "kid": (f"What is the name of {name}'s {v.get('child')}?", v.get("kid"), 1, "kid"),
+        "allergy": (f"What is {name} allergic to?", v.get("allergen"), 1, "allergy"),
+        "study": (f"What is {name} studying?", v.get("subject"), 1, "study"),
+        "movie": (f"What is {name}'s favorite movie?", v.get("movie"), 1, "movie"),
+        "race": (f"When did {name} run a {v.get('race')}?", date, 2, "race-date"),
+        "concert": (f"When did {name} go to a {v.get('genre')} concert?", date, 2, "concert-date"),
+    }[slot]
+    if memory is None:
+        return [(main[0], "none", main[2], main[3] + "-none")]
+    out = [main]
+    if slot == "city":
+        out.append((f"In which country does {name} live?", T.CITIES[v["city"]], 4, "country"))
+        if "moved" in memory:
+            out.append((f"When did {name} move to {v['city']}?", date, 2, "move-date"))
+    if slot == "job" and "started" in memory:
+        out.append((f"When did {name} start working as a {v['job']}?", date, 2, "job-date"))
+    if slot == "sport" and "every" in memory:
+        out.append((f"On which day of the week does {name} play {v['sport']}?", v["day"], 1, "sport-day"))
+    if slot == "trip":
+        out.append((f"In which month is {name}'s trip to {v['place']}?", v["month"], 2, "trip-month"))
+    return out
+
+
 def _questions(people: dict, names: list[str]) -> list[dict]:
     """Questions whose answers follow the final state. Categories use Mem0's numbering."""
     qa = []
@@ -171,35 +245,19 @@ def _questions(people: dict, names: list[str]) -> list[dict]:
 
     for name in names:
         p = people[name]
-        v, src = p.v, p.source
-        if "pet" in src:
-            ask(f"How many {T.plural(v['pet'], 2)} does {name} have?", v["n"], [src["pet"]["dia_id"]], 1, "count")
-        if "city" in src:
-            ask(f"Where does {name} live?", v["city"], [src["city"]["dia_id"]], 1, "city")
-            ask(f"In which country does {name} live?", T.CITIES[v["city"]], [src["city"]["dia_id"]], 4,
-                "country")
-            if "moved" in p.memory["city"]:
-                ask(f"When did {name} move to {v['city']}?", _date_answer(src["city"]["on_date"]),
-                    [src["city"]["dia_id"]], 2, "move-date")
-        if "job" in src:
-            ask(f"What is {name}'s job?", v["job"], [src["job"]["dia_id"]], 1, "job")
-            if "started" in p.memory["job"]:
-                ask(f"When did {name} start working as a {v['job']}?", _date_answer(src["job"]["on_date"]),
-                    [src["job"]["dia_id"]], 2, "job-date")
-        if "sport" in src:
-            ask(f"What sport does {name} play?", v["sport"], [src["sport"]["dia_id"]], 1, "sport")
-            if v["day"] and "every" in p.memory["sport"]:
-                ask(f"On which day of the week does {name} play {v['sport']}?", v["day"],
-                    [src["sport"]["dia_id"]], 1, "sport-day")
-        if "food" in src:
-            ask(f"What is {name}'s favorite food?", v["food"], [src["food"]["dia_id"]], 1, "food")
+        for slot, v in p.v.items():
+            src = p.source.get(slot)
+            evidence = [src["dia_id"]] if src else [p.dropped[slot]]
+            on_date = src["on_date"] if src else ""
+            for question, answer, category, kind in _slot_questions(name, slot, v, p.memory.get(slot), on_date):
+                ask(question, answer, evidence, category, kind)
     a, b = (people[n] for n in names)
     if "pet" in a.source and "pet" in b.source:
-        ask(f"How many pets do {a.name} and {b.name} have in total?", a.v["n"] + b.v["n"],
+        ask(f"How many pets do {a.name} and {b.name} have in total?", a.v["pet"]["n"] + b.v["pet"]["n"],
             [a.source["pet"]["dia_id"], b.source["pet"]["dia_id"]], 3, "pet-total")
     for p, q in ((a, b), (b, a)):
-        if "job" in p.source and "city" in p.source and (q.v["job"] != p.v["job"] or "job" not in q.source):
-            ask(f"Which city does the {p.v['job']} among {a.name} and {b.name} live in?", p.v["city"],
+        if "job" in p.source and "city" in p.source and ("job" not in q.source or q.v["job"]["job"] != p.v["job"]["job"]):
+            ask(f"Which city does the {p.v['job']['job']} among {a.name} and {b.name} live in?", p.v["city"]["city"],
                 [p.source["job"]["dia_id"], p.source["city"]["dia_id"]], 3, "job-city")
     return qa
 

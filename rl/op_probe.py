@@ -1,0 +1,87 @@
+"""Can the manager's reward see each kind of op? For manager items, the frozen Answer Agent scores the
+bank after the oracle's reply against the bank after the most tempting wrong reply of each kind, each
+applied to its own fork and scored by `ManagerStage.score`, the function rollouts use:
+
+  ADD:skip        the new fact is not written
+  ADD:overwrite   the new fact overwrites the first shown memory (UPDATE instead of ADD)
+  UPDATE:as_add   a changed fact is written as a new memory; the stale one stays
+  DELETE:skip     a memory that is no longer true stays
+  NONE:add        a restatement is written as a second memory
+  NONE:update     a restatement replaces the (often more detailed) memory it restates
+
+Each item varies one op of each kind its oracle reply holds; the share of items where the two
+replies give different EM is the share of that kind's decisions the reward can teach.
+"""
+import json
+
+from memr1.rl.data.synthetic import call_ops
+from memr1.rl.warm import manager_target
+
+VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "DELETE:skip", "NONE:add", "NONE:update")
+
+
+def _reply(ops: list[dict], n_shown: int) -> str:
+    """The op JSON with the ADDs renumbered after the shown ids, as the prompt asks."""
+    out, k = [], 0
+    for op in ops:
+        if op["event"] == "ADD":
+            op = {**op, "id": str(n_shown + k)}
+            k += 1
+        out.append(op)
+    return json.dumps({"memory": out}, ensure_ascii=False)
+
+
+def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, turn) -> tuple[str, dict[str, str]]:
+    """(the oracle's reply, {variant: a reply with that one mistake}) for one item's prompt."""
+    target = manager_target(turn, shown, item.call, oracle, list_unchanged)
+    ops = [op for op in json.loads(target)["memory"] if op["event"] != "NONE"]
+    n, out = len(shown), {}
+    first = lambda event: next((i for i, op in enumerate(ops) if op["event"] == event), None)
+    used = {op["id"] for op in ops if op["event"] != "ADD"}
+    if (i := first("ADD")) is not None:
+        out["ADD:skip"] = _reply(ops[:i] + ops[i + 1:], n)
+        if n and "0" not in used:
+            swap = {"id": "0", "text": ops[i]["text"], "event": "UPDATE", "old_memory": shown[0]}
+            out["ADD:overwrite"] = _reply(ops[:i] + [swap] + ops[i + 1:], n)
+    if (i := first("UPDATE")) is not None:
+        out["UPDATE:as_add"] = _reply(ops[:i] + ops[i + 1:] + [{"text": ops[i]["text"], "event": "ADD"}], n)
+    if (i := first("DELETE")) is not None:
+        out["DELETE:skip"] = _reply(ops[:i] + ops[i + 1:], n)
+    facts = {e["slot"]: e["fact"] for e in oracle["timeline"] if e["dia_id"] in item.call["dia_ids"]}
+    local = {text: str(i) for i, text in reversed(list(enumerate(shown)))}
+    restated = [op for op in call_ops(oracle["timeline"], item.call["dia_ids"])
+                if op["event"] == "NONE" and op["old_memory"] in local and local[op["old_memory"]] not in used]
+    if restated:
+        op = restated[0]
+        out["NONE:add"] = _reply(ops + [{"text": facts[op["slot"]], "event": "ADD"}], n)
+        out["NONE:update"] = _reply(ops + [{"id": local[op["old_memory"]], "text": facts[op["slot"]],
+                                            "event": "UPDATE", "old_memory": op["old_memory"]}], n)
+    return target, out
+
+
+def op_visibility(stage, items, oracles: dict) -> dict:
+    """{variant: {"items", "differ", "share", "em_oracle", "em_wrong"}} over `items` (EM in points),
+    scored by `stage` (a ManagerStage holding the frozen answerer, embedder and task settings)."""
+    from memr1.rl.turns import manager_turns
+
+    turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
+                          stage.embedder, stage.manager)
+    owners, replies, labels = [], [], []
+    for i, (it, turn) in enumerate(zip(items, turns)):
+        shown = [it.bank.get(b).text for b in turn.prompt.bank_ids]
+        target, wrong = wrong_replies(it, shown, oracles[it.conversation], stage.manager.list_unchanged, turn)
+        for label, text in [("oracle", target)] + list(wrong.items()):
+            owners.append(i)
+            replies.append(text)
+            labels.append(label)
+    scored = stage.score(items, turns, owners, replies)
+    em = [100 * sum(s) / len(s) if s else 0.0 for s in scored.scores]
+    oracle_em = {i: e for i, label, e in zip(owners, labels, em) if label == "oracle"}
+    out = {}
+    for variant in VARIANTS:
+        rows = [(oracle_em[i], e) for i, label, e in zip(owners, labels, em) if label == variant]
+        out[variant] = {"items": len(rows), "differ": sum(a != b for a, b in rows),
+                        "share": sum(a != b for a, b in rows) / len(rows) if rows else None,
+                        "em_oracle": sum(a for a, _ in rows) / len(rows) if rows else None,
+                        "em_wrong": sum(b for _, b in rows) / len(rows) if rows else None}
+    return out

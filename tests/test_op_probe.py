@@ -1,0 +1,92 @@
+"""rl.op_probe: each one-mistake reply changes the bank the way its name says, against the oracle's
+reply on the same fork; and the probe scores them through ManagerStage.score."""
+from collections import Counter
+
+from memr1.memory_store import HashEmbedder
+from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.banks import oracle_facts
+from memr1.rl.data import load_conversations
+from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_banks
+from memr1.rl.op_probe import VARIANTS, op_visibility, wrong_replies
+from memr1.rl.rewards import RewardConfig
+from memr1.rl.stages import ManagerStage, StageConfig
+from memr1.rl.turns import apply_outcomes, decide, manager_turns
+
+MANAGER = ManagerConfig(top_k=5, turns_per_call=2, list_unchanged=False)
+
+
+def setup_items(n=20):
+    embedder = HashEmbedder(64)
+    convs = load_conversations(None, n=n, split="train")
+    specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2, every_call=True)
+    banks = oracle_banks(specs, embedder)
+    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"]) for s, b in zip(specs, banks)],
+                          embedder, MANAGER)
+    shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
+    items = manager_items(specs, banks, ItemsConfig(guard_questions=2), 0, shown, keep_empty=False)
+    return embedder, convs, items
+
+
+def texts_after(item, turn, reply, embedder) -> Counter:
+    fork = item.bank.fork()
+    outcome = decide([(turn, reply)], embedder, MANAGER)[0]
+    assert outcome.status == "ok", (reply, outcome)
+    apply_outcomes(fork, [outcome])
+    return Counter(m.text for m in fork)
+
+
+def test_each_variant_makes_its_one_mistake():
+    embedder, convs, items = setup_items()
+    oracles = {c.sample_id: c.oracle for c in convs}
+    seen = Counter()
+    for it in items:
+        turn = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"])], embedder,
+                             MANAGER)[0]
+        shown = [it.bank.get(i).text for i in turn.prompt.bank_ids]
+        target, wrong = wrong_replies(it, shown, oracles[it.conversation], False, turn)
+        good = texts_after(it, turn, target, embedder)
+        before = Counter(m.text for m in it.bank)
+        for variant, reply in wrong.items():
+            seen[variant] += 1
+            bad = texts_after(it, turn, reply, embedder)
+            extra, missing = bad - good, good - bad
+            if variant in ("UPDATE:as_add", "DELETE:skip"):
+                # the memory the oracle changes or drops is still there, beside what it writes
+                assert sum(extra.values()) == 1 and not missing and set(extra) <= set(before)
+            elif variant == "ADD:skip":
+                assert not extra and sum(missing.values()) == 1
+            elif variant == "ADD:overwrite":
+                assert sum(missing.values()) == 1 and set(missing) == {shown[0]} and not extra
+            elif variant == "NONE:add":   # a second memory (its text may equal the restated one)
+                assert sum(extra.values()) == 1 and not missing
+            else:   # NONE:update: the restated memory is replaced by the restatement (a no-op when they match)
+                assert sum(extra.values()) == sum(missing.values()) <= 1 and set(missing) <= set(before)
+                seen["vaguer"] += bool(missing)
+    assert seen["vaguer"] >= 3
+    assert all(seen[v] >= 3 for v in VARIANTS), seen
+
+
+class EchoAnswerer:
+    """Answers every question with the first memory it is shown (or "none"): a frozen answerer
+    whose score depends on the bank."""
+
+    def generate(self, prompts, n, sampling):
+        from types import SimpleNamespace
+        out = []
+        for p in prompts:
+            lines = [x for x in p[-1]["content"].splitlines() if x.startswith("- ")]
+            text = lines[0].split("] ", 1)[-1] if lines else "none"
+            out.append([SimpleNamespace(text=f"Answer: {text}", token_ids=[1], finish_reason="stop")])
+        return out
+
+
+def test_the_probe_scores_every_variant_through_the_stage():
+    embedder, convs, items = setup_items()
+    stage = ManagerStage(items, EchoAnswerer(), embedder, StageConfig(steps=1, prompts_per_step=1, group_size=1),
+                         None, MANAGER, AnswerConfig(top_k_per_speaker=5, distill=False), RewardConfig(kind="f1"))
+    found = op_visibility(stage, items[:60], {c.sample_id: c.oracle for c in convs})
+    assert set(found) == set(VARIANTS)
+    for v, r in found.items():
+        assert r["items"] == 0 or 0 <= r["differ"] <= r["items"]
+    assert any(r["differ"] for r in found.values())   # the F1 of an echo answer does depend on the bank
