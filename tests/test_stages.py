@@ -102,7 +102,8 @@ def test_forks_keep_rollouts_independent(setup):
     frozen = ScriptedGenerator(["Answer: nothing"], finish="length")
     stage = manager_stage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4),
                           reward=msgspec.structs.replace(REWARD, memory_penalty=0.25))
-    rollout = stage.rollout(0, ScriptedGenerator(texts))
+    policy = ScriptedGenerator(texts)
+    rollout = stage.rollout(0, policy)
     per_fork = len(item.questions)
     for g in range(3):  # each fork saw only its own ADD
         prompt_text = " ".join(p[-1]["content"] for p in frozen.prompts[g * per_fork:(g + 1) * per_fork])
@@ -113,7 +114,9 @@ def test_forks_keep_rollouts_independent(setup):
     group = rollout.batch.groups[0]
     assert group.rewards[3] == -1.0 and group.breakdown["format"] == [0.0, 0.0, 0.0, -1.0]  # EM 0 - the penalty
     assert group.breakdown["memory"] == [-0.25, -0.25, -0.25, 0.0]   # one memory more in each parsed fork
-    assert group.prompt_ids == [c for c in group.prompt_ids] and len(group.responses) == 4
+    # the group carries the prompt ids the policy reported for the item's prompt, once, and its 4 responses
+    assert group.prompt_ids == [zlib.crc32(json.dumps(policy.prompts[0]).encode()) % 40000 + 1, 7]
+    assert group.responses == [[5 + j, 6] for j in range(4)]
 
 
 @pytest.mark.parametrize("turns_per_call, list_unchanged", [(1, True), (3, True), (2, False)])
