@@ -17,6 +17,8 @@ HANDLERS = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memr1", description="Memory-R1 trainer: RL for memory agents.")
+    p.add_argument("--verbose", action="store_true", help="show every library's log lines and warnings (by default "
+                   "vLLM's INFO lines and known-harmless warnings go to RUN_DIR/run.log only)")
     sub = p.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="manage the embedded default model").add_subparsers(
@@ -24,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct to an HF checkpoint once")
     prep.add_argument("--force", action="store_true", help="convert again even if cached")
 
-    tr = sub.add_parser("train", help="train the manager, then the answer agent, with PPO or GRPO")
+    tr = sub.add_parser("train", help="train the configured stages in order (warm starts, RL, controls), then "
+                        "evaluate (eval_after)")
     tr.add_argument("--config", help="a TOML file, e.g. configs/default.toml")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue runs/<name> from its last checkpoint")
     tr.add_argument("--allow-config-change", metavar="KEY[,KEY...]", action="append",
@@ -73,6 +76,8 @@ def user_errors() -> tuple:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from memr1.engine import quiet
+    quiet.setup(args.verbose)
     key = (args.command, getattr(args, "action", None))
     module, func = HANDLERS[key].split(":")
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.engine import quiet
 from memr1.engine.checkpoint import final_checkpoints
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
 
@@ -82,6 +83,8 @@ def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, gen
 
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
     run_dir = cfg.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    quiet.log_to(run_dir)
     convs = load_conversations(cfg.data.path or None, cfg.data.n, split=split)
     if not convs:
         source = cfg.data.path or f"the synthetic set (data.n={cfg.data.n})"

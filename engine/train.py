@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine import dist as dist_utils
+from memr1.engine import dist as dist_utils, quiet
 from memr1.engine.checkpoint import final_checkpoint
 from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, supervised
@@ -185,6 +185,7 @@ def train(cfg: RunConfig) -> dict:
     say = print if rank == 0 else (lambda *a, **k: None)
     check_train_data(cfg)
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    quiet.log_to(run.run_dir)
     # Before any engine starts: a run whose checkpoints are all damaged stops here.
     resume = resume_points(run.run_dir, cfg.stages, rank, say)
     if rank == 0:

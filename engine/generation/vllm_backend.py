@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from memr1.engine import quiet
 from memr1.engine.generation.base import NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, \
     check_sampling, engine_dtype, tokenize_prompts
 from memr1.engine.generation.weights import ManifestStream, check_named_tensors, checkpoint_manifest, stream
@@ -126,7 +127,7 @@ class VLLMGenerator:
         self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
                        max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                        logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
-                       enable_prefix_caching=True, **distributed_args(seed))
+                       enable_prefix_caching=True, use_tqdm_on_load=quiet.tqdm_on_load(), **distributed_args(seed))
         self.tokenizer = self.llm.get_tokenizer()
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()
