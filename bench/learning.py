@@ -45,11 +45,14 @@ COLUMNS = ["stage", "seed", "metric", "base", "warm", "trained", "control", "del
 
 def with_controls(stages: list[str]) -> list[str]:
     """The recipe's stages with "<role>_control" right after each RL stage whose warm start ran."""
+    from memr1.engine.config import stage_name
+
     out = []
     for name in stages:
         out.append(name)
-        if "_" not in name and f"{name}_warm" in stages:
-            out.append(f"{name}_control")
+        n = stage_name(name)
+        if n.kind == "rl" and n.of("warm") in stages:
+            out.append(n.of("control"))
     return out
 
 

@@ -67,10 +67,11 @@ def final_checkpoint(stage_dir) -> Path | None:
 def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:
     """role ("manager" / "answer") -> the final checkpoint of its last stage in `stages` that has one
     (a "<role>_control" stage is a control beside the policy, never the role's policy)."""
+    from memr1.engine.config import stage_name   # the config imports the learner, which imports this module
     out = {}
     for name in stages:
-        if not name.endswith("_control") and (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:
-            out[name.split("_")[0]] = ckpt
+        if stage_name(name).kind != "control" and (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:
+            out[stage_name(name).role] = ckpt
     return out
 
 

@@ -17,6 +17,7 @@ eval/summary.json holds every row and comparison; the table is printed last.
 import json
 from pathlib import Path
 
+from memr1.engine.config import stage_name
 from memr1.engine.evaluate import run_eval
 from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
 from memr1.rl.stats import compare_reports
@@ -44,8 +45,8 @@ def policies(run, finals: dict[str, Path]) -> dict[str, dict]:
         else:
             trained = {}
             for name, path in finals.items():   # in stage order: each role's last stage wins (controls aside)
-                if not name.endswith("_control"):
-                    trained[name.split("_")[0]] = path
+                if stage_name(name).kind != "control":
+                    trained[stage_name(name).role] = path
             out["trained"] = trained
     return out
 

@@ -5,11 +5,12 @@ Each component keeps its config next to its code (GeneratorConfig in engine/gene
 in rl/agents, EvalConfig in rl/eval, ...); this file only composes them. Unknown keys are errors at
 every depth, with the dotted key and the file named, so a typo never silently falls back to a default.
 """
+import functools
 import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import Meta
@@ -71,18 +72,36 @@ class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 STAGES = ("manager_warm", "manager", "manager_control", "answer_warm", "answer", "answer_control")
 
 
-def supervised(stage: str) -> bool:
-    """A stage that trains scripted oracle replies (a warm start, or an RL stage's control)."""
-    return stage.endswith(("_warm", "_control"))
+class StageName(NamedTuple):
+    """A stage's identity, parsed from its name by `stage_name` and nowhere else."""
+    role: str    # "manager" | "answer": whose weights it trains
+    kind: str    # "rl"; "warm" (the supervised warm start); "control" (the RL stage's supervised control)
+
+    @property
+    def supervised(self) -> bool:
+        """It trains scripted oracle replies (a warm start or a control), not sampled ones."""
+        return self.kind != "rl"
+
+    def of(self, kind: str) -> str:
+        """The name of this role's stage of `kind`."""
+        return self.role if kind == "rl" else f"{self.role}_{kind}"
+
+
+@functools.cache
+def stage_name(name: str) -> StageName:
+    if name not in STAGES:
+        raise ConfigError(f"unknown stage {name!r}; use {', '.join(STAGES)}")
+    role, _, kind = name.partition("_")
+    return StageName(role, kind or "rl")
 
 
 def stage_config(cfg: "RunConfig", name: str) -> StageConfig:
     """A stage's settings. A control's are derived, not set: the warm start's supervised loss and lr,
     continued from the warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply
     each), so it sees exactly the prompts RL saw, with the oracle's reply instead of a reward."""
-    if name.endswith("_control"):
-        role = name.split("_")[0]
-        rl, warm = getattr(cfg.stage, role), getattr(cfg.stage, f"{role}_warm")
+    n = stage_name(name)
+    if n.kind == "control":
+        rl, warm = getattr(cfg.stage, n.of("rl")), getattr(cfg.stage, n.of("warm"))
         return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
     return getattr(cfg.stage, name)
 
@@ -235,8 +254,8 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     if unknown:
         raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use {', '.join(STAGES)}")
     for name in cfg.stages:
-        warm = f"{name.split('_')[0]}_warm"
-        if name.endswith("_control") and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
+        warm = stage_name(name).of("warm")
+        if stage_name(name).kind == "control" and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
             raise ConfigError(f"{where}: stages: {name} continues {warm}'s checkpoint; list {warm} before it")
     bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control")]
     if bad:

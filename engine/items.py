@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from memr1.engine.config import stage_name
 from memr1.engine.evaluate import cache_dirs, cache_keys, model_identity
 from memr1.memory_store import MemoryBank
 from memr1.rl.banks import facts_for, run_manager, safe_name
@@ -63,7 +64,7 @@ class RunItems:
         return self._manager(stage)[1]
 
     def _manager(self, stage: str) -> tuple[list, dict]:
-        warm = stage.endswith("_warm")
+        warm = stage_name(stage).kind == "warm"
         pipeline = "oracle" if warm else self.cfg.items.bank_pipeline
         if ("manager", pipeline, warm) not in self._memo:
             stats = CallStats()
@@ -100,7 +101,7 @@ class RunItems:
 
     def answer(self, stage: str, manager: Path | None) -> list:
         """Answer items on the oracle's banks, or on banks built by `manager` (the run's latest)."""
-        oracle = stage.endswith("_warm") or self.cfg.items.answer_banks == "oracle"
+        oracle = stage_name(stage).kind == "warm" or self.cfg.items.answer_banks == "oracle"
         key = ("answer", "oracle" if oracle else str(manager))
         if key not in self._memo:
             if oracle:

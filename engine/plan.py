@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from memr1.engine.config import RunConfig, stage_config
-from memr1.engine.resolve import budget_warnings, problems, role_of
+from memr1.engine.config import RunConfig, stage_config, stage_name
+from memr1.engine.resolve import budget_warnings, problems
 from memr1.rl.agents.answer import reply_bound
 
 GiB = 2**30
@@ -64,7 +64,7 @@ def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
              f"placement: {world} rank(s), learner on {cfg.learner.device}, generator backend "
              f"{cfg.generator.backend} colocated on the same device(s)"]
     for name, s in stage_configs(cfg).items():
-        budget = cfg.manager.max_new_tokens if role_of(name) == "manager" else cfg.answer.max_new_tokens
+        budget = cfg.manager.max_new_tokens if stage_name(name).role == "manager" else cfg.answer.max_new_tokens
         lines.append(f"  {name:13} {s.steps:>5} steps x {s.prompts_per_step} prompts x {s.group_size} = "
                      f"{s.prompts_per_step * s.group_size} completions/step ({s.prompts_per_step // max(world, 1)} "
                      f"prompts per rank), lr {s.lr:g}, up to {budget} new tokens")

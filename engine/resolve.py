@@ -15,17 +15,12 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.config import RunConfig, stage_config, supervised
+from memr1.engine.config import RunConfig, stage_config, stage_name
 from memr1.engine.learner import LearnerConfig
 from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import reply_bound
 from memr1.rl.algos import dr_grpo
 from memr1.rl.stages import StageConfig
-
-
-def role_of(stage: str) -> str:
-    """"manager" or "answer": whose weights a stage trains."""
-    return stage.split("_")[0]
 
 
 @dataclass(frozen=True)
@@ -55,18 +50,18 @@ class Resolved:
         """The learner config of a stage. Warm and control stages train scripted replies: no KL, no
         critic, no entropy bonus. dr_grpo is GRPO with std "none" and a token sum over the role's budget."""
         cfg = self.cfg.learner
-        if supervised(name):
+        if stage_name(name).supervised:
             return msgspec.structs.replace(cfg, algo="grpo", loss=msgspec.structs.replace(
                 cfg.loss, kl_coef=0.0, entropy_coef=0.0, aggregation="token-mean"))
         if cfg.algo == "dr_grpo":
-            grpo, loss = dr_grpo(self.max_new_tokens(role_of(name)), cfg.loss)
+            grpo, loss = dr_grpo(self.max_new_tokens(stage_name(name).role), cfg.loss)
             return msgspec.structs.replace(cfg, grpo=msgspec.structs.replace(cfg.grpo, std=grpo.std), loss=loss)
         return cfg
 
     def temperature(self, name: str) -> float:
         """The temperature the learner's log-probs are taken at: the one the stage sampled with (a warm
         stage samples nothing; its replies are scored under the plain distribution)."""
-        return 1.0 if supervised(name) else (self.cfg.rollout.temperature or 1.0)
+        return 1.0 if stage_name(name).supervised else (self.cfg.rollout.temperature or 1.0)
 
 
 def world_problem(prompts_per_step: int, world: int, name: str = "") -> str | None:

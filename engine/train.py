@@ -28,12 +28,12 @@ import msgspec
 from memr1.engine import dist as dist_utils, quiet
 from memr1.engine.checkpoint import final_checkpoint
 from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, supervised
+from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, stage_name
 from memr1.engine.generation import make_generator
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, alone
 from memr1.engine.plan import plan_text
-from memr1.engine.resolve import Resolved, budget_warnings, resolve, role_of
+from memr1.engine.resolve import Resolved, budget_warnings, resolve
 from memr1.engine.resume import check_resume_config, resume_points, state_step
 from memr1.engine.runlog import RunLog
 from memr1.rl.agents import GREEDY
@@ -60,11 +60,11 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
     from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
     from memr1.rl.warm import WarmStage
 
-    cfg, role = run.cfg, role_of(name)
-    scfg = run.stage(name)
+    cfg, n = run.cfg, stage_name(name)
+    role, scfg = n.role, run.stage(name)
     rank, world = run.rank, run.world
-    if supervised(name):   # a warm start, or a control on the RL stage's own items
-        items_of = name if name.endswith("_warm") else role
+    if n.supervised:   # a warm start, or a control on the RL stage's own items
+        items_of = name if n.kind == "warm" else n.of("rl")
         its = items.manager(items_of) if role == "manager" else \
             items.answer(items_of, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
         return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, cfg.manager, cfg.answer, rank, world, name)
@@ -118,7 +118,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
     stage_dir = run.run_dir / name
     if ckpt is not None and state_step(ckpt) >= s.steps:   # done: best.json's, else the one verified
         return (final_checkpoint(stage_dir) if best_step(stage_dir) is not None else ckpt), True, None
-    start_model = start_model or latest.get(role_of(name), run.base_model)
+    start_model = start_model or latest.get(stage_name(name).role, run.base_model)
     stage = make_stage(run, name, items, embedder, policy.tokenizer, swap, latest)
     if run.rank == 0 and getattr(stage, "item_stats", None):
         st = stage.item_stats
@@ -139,7 +139,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
             prune(stage_dir, cfg.checkpoint.keep_last, step)
 
     validate = None
-    if cfg.loop.validate_every and not supervised(name):
+    if cfg.loop.validate_every and not stage_name(name).supervised:
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
                              policy, stage_dir, save)
     profiler = None
@@ -207,14 +207,15 @@ def train(cfg: RunConfig) -> dict:
         for name in cfg.stages:
             t = time.perf_counter()
             # A control continues its role's warm start and hands on nothing: later stages use the RL policy.
-            control = name.endswith("_control")
-            start = finals.get(f"{role_of(name)}_warm") if control else None
+            n = stage_name(name)
+            control = n.kind == "control"
+            start = finals.get(n.of("warm")) if control else None
             final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, latest, resume[name],
                                               start)
             if final is not None:
                 finals[name] = final
                 if not control:
-                    latest[role_of(name)] = final
+                    latest[n.role] = final
             say(f"stage {name}: {time.perf_counter() - t:.0f}s, hands on {final}")
             if not done:
                 stopped, stop_signal = name, signum

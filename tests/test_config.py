@@ -154,3 +154,15 @@ def test_dump_toml_round_trips(tmp_path):
     f = tmp_path / "config.toml"
     f.write_text(text)
     assert load_config(f) == cfg
+
+
+def test_stage_names_parse_once_into_role_and_kind():
+    from memr1.engine.config import StageName, stage_name
+    assert stage_name("manager") == StageName("manager", "rl") and not stage_name("manager").supervised
+    assert stage_name("answer_warm") == StageName("answer", "warm") and stage_name("answer_warm").supervised
+    control = stage_name("manager_control")
+    assert control.supervised and control.of("warm") == "manager_warm" and control.of("rl") == "manager"
+    with pytest.raises(ConfigError, match="unknown stage 'manager_warmup'"):
+        stage_name("manager_warmup")
+    with pytest.raises(ConfigError, match="manager_control continues manager_warm's checkpoint"):
+        load_config(None, ['stages=["manager", "manager_control"]'])
