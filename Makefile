@@ -11,7 +11,7 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(MEMR1_CACHE)/inductor
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install train test bench clean
+.PHONY: install train test test-fast bench clean
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The suite without the tests marked slow (bench runs, whole trainings, torchrun, vLLM engines): a few
+# minutes on 2 cores, for the edit-test loop. `make test` (and CI) runs everything.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 # Every benchmark, full size (tens of minutes on 2 cores).
 bench: $(STAMP)

@@ -95,7 +95,7 @@ def make_setup(name: str, folder: str, quick: bool, init: str | None):
 
 def check_prompts(setup: Setup, trl: TrlSide) -> int:
     """Both sides must feed the model the same prompt ids; returns how many prompts were compared."""
-    from memr1.rl.agents import chat_prompt_ids
+    from memr1.rl.generation import chat_prompt_ids
 
     prompts = [r["prompt"] for r in trl.rows]
     ours = [chat_prompt_ids(setup.gen.tokenizer, p) for p in prompts]

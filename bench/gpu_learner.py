@@ -133,7 +133,6 @@ def grpo_batch(prompts: int, group: int, prompt_len: int, response_len: int, voc
 
 
 def run_variant(name: str, args, model: Path, batch, device: torch.device, profile_dir: Path | None):
-    from memr1.engine.batching import micro_count, units_of
     from memr1.engine.learner import Learner, LearnerConfig
 
     cfg = LearnerConfig(device=str(device), activation_checkpointing=name != "no_ac",
@@ -142,7 +141,7 @@ def run_variant(name: str, args, model: Path, batch, device: torch.device, profi
     learner = Learner(cfg, str(model), lr=1e-6, temperature=1.0, seed=0)
     load_s = time.perf_counter() - t0
     counts = param_counts(learner)
-    units = units_of(batch, cfg.share_prefix and not learner.packed)
+    micro_batches = learner.plan(batch).count
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
@@ -172,7 +171,7 @@ def run_variant(name: str, args, model: Path, batch, device: torch.device, profi
         "sequences": batch.num_seqs, "positions": positions, "response_tokens": tokens,
         "attn": getattr(hf, "_attn_implementation", None), "layout": "packed" if learner.packed else "rows",
         "share_prefix": cfg.share_prefix, "micro_batch_tokens": cfg.micro_batch_tokens,
-        "micro_batches": micro_count(units, cfg.micro_batch_tokens),
+        "micro_batches": micro_batches,
         "activation_checkpointing": cfg.activation_checkpointing,
         "load_s": load_s, "warmup_steps": args.warmup, "warmup_s": warmup_s, "steps": args.steps,
         "step_ms_median": 1e3 * step_s, "step_ms_min": 1e3 * min(times), "step_ms_all": [1e3 * t for t in times],

@@ -37,9 +37,9 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     from memr1.engine.generation import GeneratorConfig, make_generator
     from memr1.engine.learner import Learner, LearnerConfig
     from memr1.memory_store import HashEmbedder
-    from memr1.rl.agents import SamplingConfig
     from memr1.rl.agents.answer import AnswerConfig
     from memr1.rl.data import load_conversations
+    from memr1.rl.generation import SamplingConfig
     from memr1.rl.items import answer_items, oracle_bank
     from memr1.rl.rewards import RewardConfig
     from memr1.rl.stages import AnswerStage, StageConfig
@@ -87,12 +87,11 @@ def smollm2_setup() -> Setup:
 
 def run_leg(setup: Setup, staleness: int, steps: int) -> tuple[list[dict], float]:
     """One leg from the base weights: the per-step metrics of its timed steps, and its wall seconds."""
+    from memr1.engine.generation.weights import push_weights
     from memr1.engine.loop import Loop, LoopConfig
 
     learner = setup.make_learner()
-    bucket = 256 << 20
-    named = (pair for b in learner.export_weights(bucket) for pair in b)
-    setup.gen.update_weights(named, 0, manifest=learner.weight_manifest())  # the base weights, version 0
+    push_weights(learner, setup.gen, 0)  # the base weights, version 0
     metrics = []
     t = time.perf_counter()
     Loop(setup.stage, setup.gen, learner, LoopConfig(max_staleness=staleness, checkpoint_every=0), steps,

@@ -27,8 +27,9 @@ import torch
 from memr1.bench.common import write_json
 from memr1.bench.rollout_hf import VARIANTS, HFRunner
 from memr1.bench.rollout_prompts import KINDS, prompt_sets
-from memr1.engine.generation import GeneratorConfig, SamplingConfig, make_generator, resolve_model
+from memr1.engine.generation import GeneratorConfig, make_generator, resolve_model
 from memr1.engine.preload import preload
+from memr1.rl.generation import SamplingConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
 

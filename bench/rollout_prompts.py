@@ -8,8 +8,8 @@ The manager and answer prompts are built exactly as the training stages build th
 config's manager and answer settings (configs/default.toml). Retrieval uses the hashing embedder: a
 synthetic speaker has at most 5 memories and the default top-k is 5, so every embedder shows the same
 memories (in id order), and the prompts are the ones training sees."""
-from memr1.rl.agents import chat_prompt_ids
 from memr1.rl.data import load_conversations
+from memr1.rl.generation import chat_prompt_ids
 
 KINDS = ("short", "manager", "answer")
 

@@ -44,7 +44,6 @@ class Memr1:
     """memr1's Learner.train_step on the batch as Groups; `share` False: each sequence its own prompt."""
 
     def __init__(self, model, batch, share: bool, checkpointing: bool):
-        from memr1.engine.batching import build_micro, micro_count, split_units, units_of
         from memr1.engine.learner import Learner, LearnerConfig
         from memr1.rl.losses import LossConfig
         from memr1.rl.records import Group, TrainBatch
@@ -64,9 +63,7 @@ class Memr1:
                   advantages=adv[i:i + g].tolist())
             for i in range(0, ids.shape[0], g)])
         # What the forwards compute: every micro-batch's rows x width, padding included.
-        units = units_of(self.batch, share)
-        parts = split_units(units, micro_count(units, cfg.micro_batch_tokens))
-        micros = [build_micro(part, False, cfg.pad_bucket, torch.device("cpu")) for part in parts if part]
+        micros = [m for m in self.learner.plan(self.batch).micros if not m.dummy]
         self.positions = sum(m.input_ids.numel() for m in micros)
         self.micro_batches = len(micros)
         self.info = {"optimizer": type(self.learner.optim).__name__,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from memr1.engine.prefix_attention import PrefixLayout, layout
+from memr1.rl.records import TrainBatch
 
 
 @dataclass
@@ -56,7 +57,21 @@ class Micro:
         return dict(input_ids=self.input_ids, position_ids=self.position_ids, **extra)
 
 
-def units_of(batch, share: bool) -> list[list[Seq]]:
+@dataclass
+class Plan:
+    """A learner's micro-batch plan for one TrainBatch on one rank (`Learner.plan`)."""
+    work: TrainBatch                        # the groups computed
+    signal: TrainBatch                      # the groups with a nonzero advantage (GRPO; else the batch)
+    seq_adv: torch.Tensor | None            # GRPO: one advantage per sequence of `work`; PPO: None
+    units: list[list[Seq]]                  # `work`'s sequences as units (a group, or one sequence)
+    micros: list[Micro]                     # as many on every rank; a rank short of work gets dummies
+
+    @property
+    def count(self) -> int:
+        return len(self.micros)
+
+
+def units_of(batch: TrainBatch, share: bool) -> list[list[Seq]]:
     """The batch's sequences grouped into units: a whole group when prompts are shared, else one each."""
     units, index = [], 0
     for g in batch.groups:

@@ -28,17 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
 
 from memr1.engine.checkpoint_files import CheckpointError, best_step, newest_whole, verify, write_manifest
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-FULL_LOAD = StateDictOptions(full_state_dict=True)
-# The fields that make two checkpoints the same network; anything else (dtype, attention) may differ.
-SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
 def latest_checkpoint(stage_dir) -> Path | None:
@@ -108,115 +99,67 @@ def copy_model_files(src: str, dst: str) -> None:
                 shutil.copy2(f, os.path.join(dst, f.name))
 
 
-def _hf_state_dict(model) -> dict:
-    """Full policy weights with HF names (the learner wraps the LM as `lm.`); tied lm_head dropped."""
-    sd = get_model_state_dict(model, options=FULL)
-    sd = {k.removeprefix("lm."): v.contiguous() for k, v in sd.items()}
-    if getattr(model.lm.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
-    return sd
-
-
 def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = "") -> str:
-    """Write `stage_dir/checkpoints/step_<step>/`; `model_dir` lends its tokenizer and generation files."""
-    d = learner.d
+    """Write `stage_dir/checkpoints/step_<step>/` from `learner.state_dict()`; `model_dir` lends its
+    tokenizer and generation files."""
+    rank = learner.rank
     final = os.path.join(stage_dir, "checkpoints", f"step_{step}")
     tmp = final + ".tmp"
-    if d.rank == 0:
+    if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-    d.barrier()
-    # Gathers are collectives: every rank calls them; rank 0 alone writes.
-    model_sd = _hf_state_dict(learner.policy)
-    optim_sd = get_optimizer_state_dict(learner.policy, learner.optim, options=FULL)
-    critic = None
-    if learner.critic is not None:
-        critic = (get_model_state_dict(learner.critic, options=FULL),
-                  get_optimizer_state_dict(learner.critic, learner.critic_optim, options=FULL))
-    torch.save(_rng_state(), os.path.join(tmp, f"rng_rank{d.rank}.pt"))
-    if d.rank == 0:
-        learner.hf_config.save_pretrained(tmp)
+    learner.barrier()
+    sd = learner.state_dict()   # gathers are collectives: every rank calls it; rank 0 alone writes
+    torch.save(_rng_state(), os.path.join(tmp, f"rng_rank{rank}.pt"))
+    if rank == 0:
+        sd["config"].save_pretrained(tmp)
         if model_dir:
             copy_model_files(model_dir, tmp)
-        save_file(model_sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
-        torch.save(learner.sched.state_dict(), os.path.join(tmp, "scheduler.pt"))
-        if critic is not None:
-            torch.save({"model": critic[0], "optim": critic[1], "sched": learner.critic_sched.state_dict()},
-                       os.path.join(tmp, "critic.pt"))
+        save_file(sd["model"], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        torch.save(sd["optimizer"], os.path.join(tmp, "optimizer.pt"))
+        torch.save(sd["scheduler"], os.path.join(tmp, "scheduler.pt"))
+        if "critic" in sd:
+            torch.save(sd["critic"], os.path.join(tmp, "critic.pt"))
         with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"step": step, "learner_step": learner.step, "weight_version": learner.version,
-                       "world_size": d.world, "data": data_state}, f)
-    d.barrier()
-    if d.rank == 0:
+            json.dump({"step": step, "learner_step": sd["step"], "weight_version": sd["version"],
+                       "world_size": learner.world, "data": data_state}, f)
+    learner.barrier()
+    if rank == 0:
         write_manifest(tmp, step)   # last, so it lists every rank's files
         if os.path.exists(final):  # re-saving the same step: swap, then drop the old copy
             shutil.rmtree(final + ".old", ignore_errors=True)
             os.rename(final, final + ".old")
         os.rename(tmp, final)
         shutil.rmtree(final + ".old", ignore_errors=True)
-    d.barrier()
+    learner.barrier()
     return final
 
 
-def _use_lr(optim, sched, lr: float) -> None:
-    """The stage's configured rate wins over the checkpoint's (a resume allowed to change the lr
-    changes it): the schedule's base rates and the current rates are scaled alike."""
-    base = sched.base_lrs[0] if sched.base_lrs else lr
-    if not base or lr == base:
-        return
-    factor = lr / base
-    sched.base_lrs = [b * factor for b in sched.base_lrs]
-    for group in optim.param_groups:
-        group["lr"] *= factor
-        if "initial_lr" in group:
-            group["initial_lr"] *= factor
-    sched._last_lr = [group["lr"] for group in optim.param_groups]
-
-
-def check_compatible(path: str, hf_config):
+def load(learner, path: str) -> dict:
+    """Restore everything `save` wrote into an already built learner; returns the data cursor. Every
+    file is read before the learner changes."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise ValueError(f"{path} is not a checkpoint: it has no config.json")
     with open(cfg_path) as f:
-        saved = json.load(f)
-    ours = hf_config.to_dict()
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs model {ours.get(k)!r}" for k in SHAPE_KEYS
-            if saved.get(k) != ours.get(k)]
-    if diff:
-        raise ValueError(f"checkpoint {path} is from a different model: " + "; ".join(diff))
-
-
-def load(learner, path: str) -> dict:
-    """Restore everything `save` wrote into an already built learner; returns the data cursor."""
-    check_compatible(path, learner.hf_config)
-    sd = load_file(os.path.join(path, "model.safetensors"))
-    ours = dict(learner.policy.lm.named_parameters())
-    if getattr(learner.hf_config, "tie_word_embeddings", False):
-        sd.setdefault("lm_head.weight", sd.get("model.embed_tokens.weight"))
-    missing = [k for k in learner.policy.lm.state_dict() if k not in sd and k in ours]
-    wrong = [k for k, v in sd.items() if k in ours and tuple(v.shape) != tuple(ours[k].shape)]
-    if missing or wrong:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
-                         f"wrong shape {wrong[:5]}")
-    set_model_state_dict(learner.policy, {"lm." + k: v for k, v in sd.items()}, options=FULL_LOAD)
-    osd = _load(os.path.join(path, "optimizer.pt"))
-    set_optimizer_state_dict(learner.policy, learner.optim, osd, options=FULL_LOAD)
-    learner.sched.load_state_dict(_load(os.path.join(path, "scheduler.pt")))
-    _use_lr(learner.optim, learner.sched, learner.lr)
-    if learner.critic is not None:
-        if not os.path.exists(os.path.join(path, "critic.pt")):
-            raise ValueError(f"checkpoint {path} has no critic.pt: it was not written by a PPO run")
-        c = _load(os.path.join(path, "critic.pt"))
-        set_model_state_dict(learner.critic, c["model"], options=FULL_LOAD)
-        set_optimizer_state_dict(learner.critic, learner.critic_optim, c["optim"], options=FULL_LOAD)
-        learner.critic_sched.load_state_dict(c["sched"])
+        sd = {"config": json.load(f)}
+    sd["model"] = load_file(os.path.join(path, "model.safetensors"))
+    sd["optimizer"] = _load(os.path.join(path, "optimizer.pt"))
+    sd["scheduler"] = _load(os.path.join(path, "scheduler.pt"))
+    if os.path.exists(os.path.join(path, "critic.pt")):
+        sd["critic"] = _load(os.path.join(path, "critic.pt"))
     with open(os.path.join(path, "state.json")) as f:
         state = json.load(f)
-    rng = os.path.join(path, f"rng_rank{learner.d.rank}.pt")
-    if os.path.exists(rng):
-        _set_rng_state(_load(rng))
-    elif learner.d.rank < int(state.get("world_size", 1)):   # a rank the run never had starts fresh streams
-        raise CheckpointError(f"checkpoint {path} has no rng_rank{learner.d.rank}.pt, which its run wrote")
-    learner.step, learner.version = state["learner_step"], state["weight_version"]
+    sd["step"], sd["version"] = state["learner_step"], state["weight_version"]
+    rank = learner.rank
+    rng = os.path.join(path, f"rng_rank{rank}.pt")
+    rng_state = _load(rng) if os.path.exists(rng) else None
+    if rng_state is None and rank < int(state.get("world_size", 1)):   # a rank the run never had starts fresh streams
+        raise CheckpointError(f"checkpoint {path} has no rng_rank{rank}.pt, which its run wrote")
+    try:
+        learner.load_state_dict(sd)
+    except ValueError as e:
+        raise ValueError(f"checkpoint {path}: {e}") from e
+    if rng_state is not None:
+        _set_rng_state(rng_state)
     return state

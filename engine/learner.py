@@ -8,6 +8,9 @@ how groups fall onto ranks or micro-batches.
 
 A group whose `advantages` are given (the warm start's scripted replies, advantage 1) is trained on
 those: with a ratio of 1 the surrogate's gradient is then the reply's negative log-likelihood.
+
+The algorithm (advantages, PPO's targets, the losses) lives in rl/algos/ and rl/losses.py; the
+learner runs the models, plans the micro-batches (`plan`) and owns its state (`state_dict`).
 """
 from __future__ import annotations
 
@@ -15,72 +18,20 @@ import contextlib
 import math
 import random
 import time
-from typing import Annotated, Iterator, Literal
+from typing import Iterator
 
-import msgspec
-from msgspec import Meta
 import numpy as np
 import torch
 
-from memr1.engine import dist as dist_utils, prefix_attention
-from memr1.engine.advantages import drop_zero_advantage_groups, group_advantages, ppo_token_targets
-from memr1.engine.batching import build_micro, micro_count, split_units, units_of
-from memr1.engine.policy import PolicyModel, adamw, load_lm, warmup_schedule
+from memr1.engine import dist as dist_utils, learner_state, prefix_attention
+from memr1.engine.batching import Plan, build_micro, micro_count, split_units, units_of
+from memr1.engine.learner_config import LearnerConfig
+from memr1.engine.policy import PolicyModel, adamw, freeze_below, load_lm, warmup_schedule
 from memr1.engine.throughput import bf16_peak, native_bf16
-from memr1.rl.algos import Critic, GRPOConfig, PPOConfig
-from memr1.rl.losses import Denom, LossConfig, policy_loss, value_loss
+from memr1.rl.algos import Critic, drop_zero_advantage_groups, group_advantages, ppo_token_targets, token_advantages
+from memr1.rl.losses import Denom, kl_penalty, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
 from memr1.rl.spans import span
-
-
-class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    algo: Literal["grpo", "dr_grpo", "ppo"] = "grpo"   # dr_grpo: GRPO without std scaling and with a
-                                       # constant-length token sum (config resolution sets both)
-    device: str = "cpu"
-    # CPU compute precision: fp32, or bf16 autocast (bf16 matmuls, fp32 master weights, gradients and
-    # optimizer state, as on a GPU); "fast": bf16 where the CPU multiplies it natively (AMX or
-    # AVX512-BF16), else fp32. GPUs always compute in bf16.
-    cpu_precision: Literal["fp32", "bf16", "fast"] = "fp32"
-    attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa (the rows layout
-                                       # always runs engine/prefix_attention.py, which is SDPA-based)
-    warmup_steps: Annotated[int, Meta(ge=0)] = 0       # linear warmup, then constant
-    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
-    betas: tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]] = (0.9, 0.999)
-    grad_clip: Annotated[float, Meta(gt=0)] = 1.0
-    micro_batch_tokens: Annotated[int, Meta(ge=1)] = 8192  # token budget per micro-batch (a shared prompt counts once)
-    # Recompute each decoder block in backward instead of keeping its activations: far less memory
-    # (they dominate at RL sequence lengths) for about a third more compute. TRL's default too.
-    activation_checkpointing: bool = True
-    train_layers: Annotated[int, Meta(ge=0)] = 0  # 0: train every weight; N: only the top N decoder blocks and the final
-                                       # norm (the rest stay frozen, and backward stops below the lowest trained block)
-    layout: Literal["auto", "packed", "rows"] = "auto"  # auto: packed with flash-attn, rows otherwise
-    share_prefix: bool = True          # rows layout: one copy of a prompt shared by its group
-    # Leave out groups whose advantages are all zero (equal rewards): without KL or entropy terms they
-    # add nothing to the gradient. Off computes them anyway (bench.e2e's row that isolates this saving).
-    skip_zero_advantage: bool = True
-    pad_bucket: Annotated[int, Meta(ge=1)] = 64   # rows layout: row width rounds up to this
-    # What the PPO ratio is taken against. "current": the learner's own log-probs before this step, as
-    # verl and TRL do; with one optimizer step per batch (what this learner does) that ratio is exactly 1,
-    # so the clip never acts, and what corrects for staleness is the truncated importance weight
-    # against the behaviour log-probs (LossConfig). "behaviour": the sampler's log-probs themselves.
-    anchor: Literal["current", "behaviour"] = "current"
-    logprob_chunk: Annotated[int, Meta(ge=1)] = 1024
-    loss: LossConfig = msgspec.field(default_factory=LossConfig)
-    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
-    ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
-
-
-def freeze_below(lm, n: int) -> None:
-    """Leave only the top `n` decoder blocks and the final norm trainable."""
-    layers = dist_utils.decoder_layers(lm)
-    if not 0 < n <= len(layers):
-        raise ValueError(f"learner.train_layers={n}: the model has {len(layers)} decoder blocks")
-    lm.requires_grad_(False)
-    for block in list(layers)[-n:]:
-        block.requires_grad_(True)
-    norm = getattr(getattr(lm, lm.base_model_prefix), "norm", None)
-    if norm is not None:
-        norm.requires_grad_(True)
 
 
 def seed_everything(seed: int) -> None:
@@ -137,6 +88,22 @@ class Learner:
         self.step = 0
         self.version = 0
 
+    @property
+    def device(self) -> torch.device:
+        return self.d.device
+
+    @property
+    def rank(self) -> int:
+        return self.d.rank
+
+    @property
+    def world(self) -> int:
+        return self.d.world
+
+    def barrier(self) -> None:
+        """Wait for every rank (a no-op in a world of one)."""
+        self.d.barrier()
+
     def compute(self):
         """bf16 compute with fp32 master weights on a GPU: FSDP2's mixed-precision policy does it when
         sharded; a single unsharded GPU gets the same numerics from autocast. On CPU, fp32 or bf16
@@ -148,32 +115,41 @@ class Learner:
         return contextlib.nullcontext()
 
     # -- one optimizer step ------------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> dict:
-        t0 = time.perf_counter()
+    def plan(self, batch: TrainBatch) -> Plan:
+        """This rank's micro-batches for `batch`, as `train_step` builds them. GRPO leaves out the groups
+        whose advantages are all zero when that changes nothing (no KL or entropy term). The count is
+        agreed over ranks (a collective: every rank calls it)."""
         cfg, d = self.cfg, self.d
-        self._check(batch)
         seq_adv = group_advantages(batch, cfg.grpo) if self.critic is None else None
-        work = signal = batch  # signal: the groups with a nonzero advantage
+        work = signal = batch
         if seq_adv is not None:
             signal, signal_adv = drop_zero_advantage_groups(batch, seq_adv)
             if cfg.skip_zero_advantage and not (cfg.loss.kl_coef or cfg.loss.entropy_coef):
                 work, seq_adv = signal, signal_adv
         units = units_of(work, cfg.share_prefix and not self.packed)
-        # Only scalars cross ranks: the loss denominators, what was computed, and the micro-batch count
-        # (collectives must line up).
+        k = int(d.all_reduce_max(torch.tensor([micro_count(units, cfg.micro_batch_tokens)], device=d.device)).item())
+        micros = [build_micro(part, self.packed, cfg.pad_bucket, d.device) for part in split_units(units, k)]
+        return Plan(work, signal, seq_adv, units, micros)
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        t0 = time.perf_counter()
+        cfg, d = self.cfg, self.d
+        self._check(batch)
+        p = self.plan(batch)
+        work, micros = p.work, p.micros
+        # Only scalars cross ranks: the loss denominators, what was computed, and (in `plan`) the
+        # micro-batch count (collectives must line up).
         tokens, seqs, computed, positions, signal_tokens = d.all_reduce_sum(torch.tensor(
             [float(batch.response_tokens), float(batch.num_seqs), float(work.response_tokens), float(work.positions),
-             float(signal.response_tokens)], device=d.device)).tolist()
-        k = int(d.all_reduce_max(torch.tensor([micro_count(units, cfg.micro_batch_tokens)], device=d.device)).item())
+             float(p.signal.response_tokens)], device=d.device)).tolist()
         if seqs == 0:
             raise ValueError("TrainBatch is empty: no rank holds a sequence")
         denom = Denom(tokens=tokens, seqs=seqs, horizon=cfg.loss.horizon)
-        micros = [build_micro(part, self.packed, cfg.pad_bucket, d.device) for part in split_units(units, k)]
         if self.critic is not None:
-            ppo_token_targets(self, work, micros)
+            self._ppo_targets(work, micros)
         else:
             for m in micros:
-                m.advantages = seq_adv[m.gseq][m.seq_ids.cpu()].to(d.device) if not m.dummy else torch.zeros(1, device=d.device)
+                m.advantages = torch.zeros(1, device=d.device) if m.dummy else token_advantages(p.seq_adv, m.gseq, m.seq_ids)
 
         sums: dict[str, torch.Tensor] = {}
         for i, micro in enumerate(micros):
@@ -232,6 +208,23 @@ class Learner:
             metrics["peak_flops"] = self.peak_flops
         return metrics
 
+    @torch.no_grad()
+    def _ppo_targets(self, work: TrainBatch, micros: list) -> None:
+        """The critic's values (and, with the KL in the reward, the KL penalties) per micro-batch, turned
+        into advantages and returns by rl/algos/ppo.py."""
+        cfg = self.cfg
+        kl_coef = cfg.loss.kl_coef if cfg.loss.kl_in_reward else 0.0
+        for m in micros:
+            with self.compute():
+                m.old_values = self.critic(**m.model_inputs()).reshape(-1)[m.index].float()
+                if kl_coef:
+                    m.kl = kl_penalty(self.policy(m), self.ref(m), cfg.loss.kl_estimator)
+        rewards = torch.tensor([r for g in work.groups for r in g.rewards], dtype=torch.float32)
+        targets = ppo_token_targets(rewards, micros, [m.old_values for m in micros], cfg.ppo, self.d.all_reduce_sum,
+                                    [m.kl for m in micros] if kl_coef else None, kl_coef)
+        for m, (adv, ret) in zip(micros, targets):
+            m.advantages, m.returns = adv, ret
+
     def _check(self, batch: TrainBatch) -> None:
         vocab = self.hf_config.vocab_size
         for g in batch.groups:
@@ -254,29 +247,44 @@ class Learner:
         sched.step()
         return norm
 
+    # -- state -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything a resume needs, as full tensors (engine/learner_state.py lists the entries). A
+        collective: every rank calls it; with a process group only rank 0's holds the tensors. On an
+        unsharded CPU model they are the live tensors, which the next step changes."""
+        critic = (self.critic, self.critic_optim, self.critic_sched) if self.critic is not None else ()
+        return {"config": self.hf_config, **learner_state.gather(self.policy, self.optim, self.sched, *critic),
+                "step": self.step, "version": self.version}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore `state_dict`'s output (the full state, on every rank). The model and the critic's
+        presence are checked before anything changes. The configured lr wins over the saved one."""
+        learner_state.check_compatible(sd["config"], self.hf_config)
+        weights = learner_state.checked_weights(sd["model"], self.policy.lm)
+        if self.critic is not None and "critic" not in sd:
+            raise ValueError("the state holds no critic: it was not written by a PPO run")
+        learner_state.load_model(self.policy, self.optim, self.sched, weights, sd["optimizer"], sd["scheduler"])
+        learner_state.use_lr(self.optim, self.sched, self.lr)
+        if self.critic is not None:
+            learner_state.load_critic(self.critic, self.critic_optim, self.critic_sched, sd["critic"])
+        self.step, self.version = int(sd["step"]), int(sd["version"])
+
     # -- weights out ---------------------------------------------------------------------------------
     def weight_manifest(self) -> dict[str, tuple[int, ...]]:
         """HF name -> full shape of exactly what `export_weights` yields, with no collective (a DTensor's
         shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
         return {name: tuple(p.shape) for name, p in self.policy.lm.named_parameters()}
 
-    def export_weights(self, bucket_bytes: int = 256 << 20, dtype: torch.dtype | None = None
-                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Yield buckets of (HF name, full tensor) for a generator's `update_weights`. One parameter is
-        gathered at a time and a bucket is released before the next fills, so no second full copy of
-        the model ever exists. Every rank must iterate (gathering is a collective)."""
-        bucket, size = [], 0
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, full tensor) pairs for a generator's `update_weights` (see
+        generation.weights.push_weights). One parameter is gathered at a time and dropped before the next
+        is, so no second full copy of the model ever exists here; the generator buckets them on its side.
+        Every rank must iterate (gathering is a collective)."""
         for name, p in self.policy.lm.named_parameters():  # named_parameters skips tied duplicates
             with span("weight_export"):
                 t = dist_utils.full_tensor(p.detach())
-                t = t.to(dtype) if dtype is not None else t
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+            yield name, t
+            del t
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def save_checkpoint(self, stage_dir: str, step: int, data_state: dict | None = None, model_dir: str = "") -> str:

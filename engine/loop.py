@@ -26,6 +26,7 @@ from typing import Annotated, Any, Callable, Literal, Protocol
 import msgspec
 from msgspec import Meta
 
+from memr1.engine.generation.weights import push_weights
 from memr1.engine.locked_generator import LockedGenerator
 from memr1.rl.records import Rollout
 from memr1.rl.spans import span
@@ -40,7 +41,6 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
     checkpoint_every: Annotated[int, Meta(ge=0)] = 10
     validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
-    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -56,7 +56,7 @@ class Stage(Protocol):
 
 class Learner(Protocol):
     def train_step(self, batch) -> dict: ...
-    def export_weights(self, bucket_bytes: int): ...
+    def export_weights(self): ...   # (name, tensor) pairs, see generation.weights.push_weights
     def weight_manifest(self) -> dict: ...
 
 
@@ -251,16 +251,7 @@ class Loop:
         t = time.perf_counter()
         with self.gen_lock, span("weight_sync"):
             t1 = time.perf_counter()
-            bucket_bytes = self.cfg.weight_bucket_mb << 20
-            self.sync_bytes = 0
-
-            def named():
-                for bucket in self.learner.export_weights(bucket_bytes):
-                    self.sync_bytes += sum(getattr(tensor, "nbytes", 0) for _, tensor in bucket)
-                    yield from bucket
-            # With the manifest the generator checks the whole set up front and then streams the
-            # buckets, instead of holding every gathered tensor to check them first.
-            self.generator.update_weights(named(), version, manifest=self.learner.weight_manifest())
+            self.sync_bytes = push_weights(self.learner, self.generator, version)
             t2 = time.perf_counter()
         with self.cond:
             self.cond.notify_all()

@@ -1,11 +1,12 @@
 """The learner's models: the causal LM with the fused log-prob kernel as one module, loading with
-activation checkpointing, and the optimizer and LR schedule every model of the learner uses."""
+activation checkpointing (and freezing the lower blocks), and the optimizer and LR schedule every model of the learner uses."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from memr1 import kernels
+from memr1.engine.dist import decoder_layers
 
 
 class PolicyModel(nn.Module):
@@ -39,6 +40,19 @@ def load_lm(path: str, attn: str, checkpointing: bool, device: torch.device, hea
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
     return model.to(device)
+
+
+def freeze_below(lm, n: int) -> None:
+    """Leave only the top `n` decoder blocks and the final norm trainable."""
+    layers = decoder_layers(lm)
+    if not 0 < n <= len(layers):
+        raise ValueError(f"learner.train_layers={n}: the model has {len(layers)} decoder blocks")
+    lm.requires_grad_(False)
+    for block in list(layers)[-n:]:
+        block.requires_grad_(True)
+    norm = getattr(getattr(lm, lm.base_model_prefix), "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
 
 
 def adamw(params, lr: float, betas, weight_decay: float):

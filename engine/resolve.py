@@ -17,9 +17,9 @@ import msgspec
 
 from memr1.engine.config import RunConfig, stage_config, stage_name
 from memr1.engine.learner import LearnerConfig
-from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import reply_bound
 from memr1.rl.algos import dr_grpo
+from memr1.rl.generation import SamplingConfig
 from memr1.rl.stages import StageConfig
 
 

@@ -30,21 +30,15 @@ from memr1.engine.checkpoint import final_checkpoint
 from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
 from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, stage_name
 from memr1.engine.generation import make_generator
+from memr1.engine.generation.weights import push_weights
 from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, alone
 from memr1.engine.plan import plan_text
 from memr1.engine.resolve import Resolved, budget_warnings, resolve
 from memr1.engine.resume import check_resume_config, resume_points, state_step
 from memr1.engine.runlog import RunLog
-from memr1.rl.agents import GREEDY
 from memr1.rl.data.locomo import DataError
-
-
-def sync_policy(policy, learner, version: int, run: Resolved) -> None:
-    """Put the learner's weights into the policy engine: at a stage's start (fresh or resumed) the
-    engine may still hold the previous stage's policy."""
-    named = (p for bucket in learner.export_weights(run.cfg.loop.weight_bucket_mb << 20) for p in bucket)
-    policy.update_weights(named, version, manifest=learner.weight_manifest())
+from memr1.rl.generation import GREEDY
 
 
 def pick(setting: str, latest: dict, role: str, base: Path) -> Path:
@@ -130,7 +124,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
         start = int(learner.load_checkpoint(str(ckpt))["step"])
         if run.rank == 0:
             print(f"resuming {name} from {ckpt} at step {start}")
-    sync_policy(policy, learner, start, run)
+    push_weights(learner, policy, start)  # the engine may still hold the previous stage's policy
     log = RunLog(run.run_dir, name, s.steps, start) if run.rank == 0 else None
 
     def save(step: int) -> None:
@@ -145,7 +139,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
     profiler = None
     if cfg.profile.steps and run.rank == 0:   # rank 0's traces; other ranks run unprofiled
         from memr1.engine.profiling import StepProfiler
-        profiler = StepProfiler(cfg.profile.steps, run.run_dir / "profile" / name, cuda=learner.d.device.type == "cuda")
+        profiler = StepProfiler(cfg.profile.steps, run.run_dir / "profile" / name, cuda=learner.device.type == "cuda")
     try:
         out = Loop(stage, policy, learner, cfg.loop, s.steps, on_step=log or (lambda m: None), save_checkpoint=save,
                    validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,

@@ -25,13 +25,12 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import (BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank,
-                                       UnknownMemoryId)
+from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank, UnknownMemoryId
+from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
 from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
 from memr1.memory_store.segment import Segment, memory_segment
-from memr1.memory_store.storage import (SYNC, as_path, check_k, leased, lock, make_config, new_folder,
-                                        next_generation, open_generation, read_manifest, remove_stale,
-                                        validate_rows, write_generation)
+from memr1.memory_store.storage import (as_path, leased, lock, new_folder, next_generation, open_generation,
+                                        read_manifest, remove_stale, write_generation)
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 
@@ -78,17 +77,7 @@ class MemoryBank:
     def from_arrays(cls, path, vectors: np.ndarray, texts: list[str], speakers: list[str], timestamps: list[str],
                     dim: int | None = None, config: BankConfig | None = None, **overrides) -> "MemoryBank":
         """Bulk-load rows as one base segment (ids 0..n-1), without logging them op by op."""
-        try:
-            vectors = np.asarray(vectors)
-        except (ValueError, TypeError) as e:
-            raise InvalidInput(f"vectors must be a float32 array of shape (n, dim): {e}") from None
-        if dim is None and config is None and vectors.ndim == 2:
-            dim = vectors.shape[1]
-        config = make_config(dim, config, overrides)
-        validate_rows(config, vectors, texts, speakers, timestamps)
-        if not (len(texts) == len(speakers) == len(timestamps) == len(vectors)):
-            raise InvalidInput("vectors, texts, speakers and timestamps must have the same length")
-        memories = [Memory(i, t, s, ts, i, i) for i, (t, s, ts) in enumerate(zip(texts, speakers, timestamps))]
+        config, vectors, memories = bulk_rows(vectors, texts, speakers, timestamps, dim, config, overrides)
         manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
         if path is None:
             return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
@@ -99,10 +88,7 @@ class MemoryBank:
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "rw", fsync: str | None = None) -> "MemoryBank":
         """Open an existing bank. mode "rw" takes the writer lock; "r" reads a snapshot and never writes."""
-        if mode not in ("r", "rw"):
-            raise InvalidInput(f'mode must be "r" or "rw", got {mode!r}')
-        if fsync is not None and not (isinstance(fsync, str) and fsync in SYNC):
-            raise InvalidInput(f"fsync must be None or one of {', '.join(map(repr, SYNC))}, got {fsync!r}")
+        check_open(mode, fsync)
         path = as_path(path)
         manifest = read_manifest(path)  # before LOCK is created: the folder must be a bank
         if mode == "rw":
@@ -168,10 +154,7 @@ class MemoryBank:
         with self._write:
             if self.read_only or self._closed:
                 self._refuse_write()
-            try:
-                ops = iter(ops)
-            except TypeError:
-                raise InvalidInput(f"ops must be an iterable of Add, Update, Delete or Noop, got {type(ops).__name__}") from None
+            ops = iter_ops(ops)
             child = MemoryBank(self._core.fork(), self.config, self._segment)
             buffer = _core.BatchBuffer() if self._log is not None else None
             child._log = buffer
@@ -207,9 +190,7 @@ class MemoryBank:
     # ---- reads ----
     def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
-        k = check_k(k)
-        if speaker is not None and not isinstance(speaker, str):
-            raise InvalidInput(f"speaker must be a str or None, got {type(speaker).__name__}")
+        k = check_search(k, speaker)
         core, segment = self._view
         rows = None
         if not exact and segment.indexes:

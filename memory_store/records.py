@@ -95,7 +95,7 @@ def replay(core, payloads, where) -> None:
 
 class BankConfig(msgspec.Struct, frozen=True):
     """How a bank stores and searches. Saved in its manifest; `open` may override the fsync policy.
-    The ranges are checked when a bank is created or opened (storage.make_config, read_manifest)."""
+    The ranges are checked when a bank is created or opened (inputs.make_config, storage.read_manifest)."""
     dim: Annotated[int, Meta(ge=1, le=65_536)]
     max_text_bytes: Annotated[int, Meta(ge=1, le=1 << 24)] = 4096
     # "never": page cache only (survives a killed process, not a power loss); "op": fsync every op;

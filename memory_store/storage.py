@@ -1,4 +1,4 @@
-"""The bank's folder on disk: config validation, generations, the manifest, the writer lock, reader leases.
+"""The bank's folder on disk: paths, generations, the manifest, the writer lock, reader leases.
 
 MANIFEST.json is the commit point: a generation (base-<gen>/ + log-<gen>.oplog) exists for readers only
 once the manifest that names it has been renamed into place.
@@ -11,24 +11,18 @@ is skipped and deleted by a later remove_stale. Once open, a reader needs no lea
 segment files mapped (deleting a file never truncates it) and has copied the log.
 """
 import fcntl
-import operator
 import os
-import re
 import shutil
-import typing
 from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
-import numpy as np
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.records import FORMAT, READS_VERSIONS, BankConfig, Manifest
 from memr1.memory_store.segment import fsync_path, open_segment, write_segment
 
-_FIELD = re.compile(r"at `\$\.(\w+)`")
-_CHOICES = ("fsync", "hnsw_dtype")  # the Literal fields, whose msgspec error does not list the choices
 SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}  # the fsync policies' codes in the native OpLog
 _OPEN_TRIES = 100  # generations a reader may see replaced under it while opening before it gives up
 
@@ -46,65 +40,6 @@ def new_folder(path, doing: str) -> Path:
         raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def check_k(k) -> int:
-    """k of a search: an int (not a bool) in [0, 2**31)."""
-    if type(k) is not int:
-        if isinstance(k, bool) or not hasattr(type(k), "__index__"):
-            raise InvalidInput(f"k must be an int in [0, 2**31), got {type(k).__name__} {k!r}")
-        k = operator.index(k)
-    if not 0 <= k < 2**31:
-        raise InvalidInput(f"k must be an int in [0, 2**31), got {k}")
-    return k
-
-
-def make_config(dim, config, overrides) -> BankConfig:
-    if config is None:
-        if dim is None:
-            raise InvalidInput("give the vector dim (dim=...) or a BankConfig")
-        config = BankConfig(dim=dim)
-    elif not isinstance(config, BankConfig):
-        raise InvalidInput(f"config must be a BankConfig, got {type(config).__name__}")
-    elif dim is not None and dim != config.dim:
-        raise InvalidInput(f"dim={dim!r} disagrees with config.dim={config.dim!r}")
-    unknown = sorted(set(overrides) - set(BankConfig.__struct_fields__))
-    if unknown:
-        raise InvalidInput(f"unknown bank setting {unknown[0]!r}; the settings are {', '.join(BankConfig.__struct_fields__)}")
-    config = msgspec.structs.replace(config, **overrides) if overrides else config
-    try:
-        return msgspec.convert(msgspec.to_builtins(config), BankConfig)  # checks types, literals and ranges
-    except msgspec.ValidationError as e:
-        field = _FIELD.search(str(e))
-        name = field.group(1) if field else "?"
-        choices = typing.get_args(BankConfig.__annotations__.get(name)) if name in _CHOICES else ()
-        allowed = f"; one of {', '.join(choices)}" if choices else ""
-        raise InvalidInput(f"bad bank config {name}={getattr(config, name, '?')!r}: "
-                           f"{_FIELD.sub('', str(e)).rstrip(' -')}{allowed}") from None
-
-
-def validate_rows(config: BankConfig, vectors: np.ndarray, texts, speakers, timestamps) -> None:
-    """The checks an Add makes, vectorised for bulk loads."""
-    if vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[1] != config.dim:
-        raise InvalidInput(f"vectors must be float32 of shape (n, {config.dim}), got {vectors.dtype} {vectors.shape}")
-    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1) | ~(vectors != 0).any(axis=1))
-    if len(bad):
-        raise InvalidInput(f"vector of row {bad[0]} is non-finite or all zeros")
-    for name, column in (("texts", texts), ("speakers", speakers), ("timestamps", timestamps)):
-        if not isinstance(column, (list, tuple)):
-            raise InvalidInput(f"{name} must be a list of str, got {type(column).__name__}")
-        for i, x in enumerate(column):
-            if type(x) is not str:
-                raise InvalidInput(f"{name}[{i}] must be a str, got {type(x).__name__}")
-            try:
-                n = len(x.encode())
-            except UnicodeEncodeError:
-                raise InvalidInput(f"{name}[{i}] is not encodable as UTF-8 (it holds a lone surrogate)") from None
-            if name == "texts" and not 1 <= n <= config.max_text_bytes:
-                raise InvalidInput(f"texts[{i}] is {n} bytes; a text must be 1..{config.max_text_bytes} "
-                                   f"bytes (BankConfig.max_text_bytes)")
-            if name == "speakers" and not n:
-                raise InvalidInput(f"speakers[{i}] is empty")
 
 
 def _remove(entry: Path) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 import msgspec
 
 from memr1.memory_store import MemoryBank
-from memr1.rl.agents import SamplingConfig, hit_cap
 from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, parse_facts
 from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.turns import apply_outcomes, decide, manager_turns
 
 

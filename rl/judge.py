@@ -1,6 +1,6 @@
 """LLM-as-a-Judge (the J metric): a generous CORRECT/WRONG label per answer.
 
-The judge is any `Generator` (see memr1.rl.agents) or an OpenAI-compatible chat endpoint through
+The judge is any `Generator` (see memr1.rl.generation) or an OpenAI-compatible chat endpoint through
 `OpenAIChatGenerator` (urllib only). Unparseable verdicts are retried; items that still fail are
 counted as FAILED and reported, never silently scored as right or wrong.
 """
@@ -12,8 +12,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.jsonish import extract_json
+from memr1.rl.generation import SamplingConfig
 
 LABELS = ("CORRECT", "WRONG")
 

@@ -17,9 +17,9 @@ import msgspec
 from msgspec import Meta
 
 from memr1.memory_store import Add, Delete
-from memr1.rl.agents import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
 from memr1.rl.agents.manager import EVENTS, ManagerConfig
+from memr1.rl.generation import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward

@@ -14,10 +14,10 @@ The oracle decides only what is imitated here; RL stages are rewarded by outcome
 import json
 import time
 
-from memr1.rl.agents import chat_prompt_ids, reply_ids
 from memr1.rl.agents.answer import AnswerConfig, memory_lines
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.data.synthetic import call_ops
+from memr1.rl.generation import chat_prompt_ids, reply_ids
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.stages import StageConfig

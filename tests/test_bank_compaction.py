@@ -5,9 +5,9 @@ import random
 import numpy as np
 import pytest
 
+from bank_crash import kill_and_recover
 from bank_model import ModelBank, assert_same, model_after, op_stream
 from memr1.memory_store import Add, Delete, MemoryBank, Noop, Update
-from test_bank_durability import kill_and_recover
 
 DIM = 16
 

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from memr1.bench.attention import dense_mask
@@ -21,6 +22,7 @@ def test_dense_mask_is_causal_prompt_plus_own_response():
     assert m[6].tolist() == [True] * 3 + [False] * 3 + [True, False]             # padding: prompt and itself
 
 
+@pytest.mark.slow
 def test_quick_run_rows_and_provenance(tmp_path):
     out = tmp_path / "attention.json"
     proc = subprocess.run([sys.executable, "-m", "memr1.bench.attention", "--quick", "--rounds", "2",

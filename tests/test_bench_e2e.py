@@ -41,6 +41,7 @@ def test_init_must_be_a_model_folder(tmp_path):
         f"--init {tmp_path}: not a model folder (missing config.json, model.safetensors, tokenizer.json)")
 
 
+@pytest.mark.slow
 def test_quick_run_rows_and_provenance(tmp_path):
     # find_spec, not importorskip: importing trl sets VLLM_LOGGING_LEVEL=ERROR in this process's
     # environment, which would leak into every later test's subprocesses.

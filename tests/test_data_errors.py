@@ -6,6 +6,7 @@ import json
 import msgspec
 import pytest
 
+from data_rows import lme_item, msc_row
 from memr1.engine.cli import main as cli_main
 from memr1.memory_store import HashEmbedder
 from memr1.rl.data import detect_format, load_conversations
@@ -13,7 +14,6 @@ from memr1.rl.data.locomo import DataError, load_locomo
 from memr1.rl.data.synthetic import synthesize
 from memr1.rl.eval import EvalConfig, evaluate
 from memr1.rl.rag import rag_bank, split_text
-from test_data_loaders import lme_item, msc_row
 
 
 class Out(msgspec.Struct):

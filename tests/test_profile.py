@@ -15,22 +15,21 @@ from memr1.engine.profiling import StepProfiler
 from memr1.engine.traces import summarize_trace
 from memr1.memory_store import HashEmbedder
 from memr1.rl import spans
-from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import oracle_facts
 from memr1.rl.data import load_conversations
+from memr1.rl.generation import SamplingConfig
 from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
 from memr1.rl.records import Rollout
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import ManagerStage, StageConfig
-from tiny_model import tiny_llama
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=8)
 
 
-def test_one_tiny_cpu_step_traces_every_named_range(tmp_path):
-    folder = tiny_llama(tmp_path / "tiny")
+def test_one_tiny_cpu_step_traces_every_named_range(tmp_path, tiny_model):
+    folder = tiny_model
     embedder = HashEmbedder(64)
     convs = load_conversations(None, n=3, split="train")
     specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, MANAGER.turns_per_call)
@@ -78,8 +77,8 @@ class Train:
         time.sleep(0.05)   # long enough that the next rollout starts inside this step (max_staleness 1)
         return {}
 
-    def export_weights(self, bucket_bytes):
-        yield [("w", torch.zeros(4))]
+    def export_weights(self):
+        yield "w", torch.zeros(4)
 
     def weight_manifest(self):
         return {"w": (4,)}

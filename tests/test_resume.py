@@ -11,7 +11,7 @@ from memr1.engine import checkpoint
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.rl.losses import LossConfig
 
-from test_learner import make_batch, tiny  # noqa: F401  (fixture reused)
+from learner_helpers import make_batch
 
 
 def config(path):
@@ -30,7 +30,7 @@ def run(learner, steps):
 
 
 def weights(learner):
-    return {k: v.clone() for bucket in learner.export_weights() for k, v in bucket}
+    return {k: v.clone() for k, v in learner.export_weights()}
 
 
 def test_resume_equals_uninterrupted(tiny, tmp_path):  # noqa: F811

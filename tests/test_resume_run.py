@@ -13,8 +13,7 @@ import pytest
 from memr1.engine import train as train_mod
 from memr1.engine.cli import main as cli_main
 from memr1.engine.config import load_config
-from test_train import overrides, rows
-from tiny_model import tiny_llama
+from run_helpers import overrides, rows
 
 
 
@@ -36,11 +35,6 @@ def tb_steps(run: Path, stage: str) -> list[int]:
     return [e.step for e in acc.Scalars(f"{stage}/reward_mean")]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
 @pytest.fixture
 def sigterm_at(monkeypatch):
     """sigterm_at(stage, step): the run gets a SIGTERM right after logging that step."""
@@ -55,10 +49,11 @@ def sigterm_at(monkeypatch):
     return lambda stage=None, step=None: target.update(at=(stage, step))
 
 
-def test_sigterm_in_each_stage_then_resume_logs_every_step_once(model, tmp_path, sigterm_at, capsys):
+@pytest.mark.slow
+def test_sigterm_in_each_stage_then_resume_logs_every_step_once(tiny_model, tmp_path, sigterm_at, capsys):
     run = tmp_path / "run"
     sigterm_at("manager", 2)
-    out = train_mod.train(load_config(None, config(model, run)))
+    out = train_mod.train(load_config(None, config(tiny_model, run)))
     assert out["stopped"] == "manager" and out["stop_signal"] == signal.SIGTERM and sequence(run) == ["m1", "m2"]
     capsys.readouterr()
 
@@ -102,9 +97,10 @@ t.train(load_config(None, json.loads(sys.argv[1])))
 """
 
 
-def test_kill_9_mid_stage_resumes_from_the_checkpoint_and_logs_each_step_once(model, tmp_path, capsys):
+@pytest.mark.slow
+def test_kill_9_mid_stage_resumes_from_the_checkpoint_and_logs_each_step_once(tiny_model, tmp_path, capsys):
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-c", KILLER, json.dumps(config(model, run, steps=4, every=2))],
+    proc = subprocess.run([sys.executable, "-c", KILLER, json.dumps(config(tiny_model, run, steps=4, every=2))],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert sequence(run) == ["m1", "m2", "m3"] and tb_steps(run, "manager") == [1, 2, 3]
@@ -118,10 +114,11 @@ def test_kill_9_mid_stage_resumes_from_the_checkpoint_and_logs_each_step_once(mo
     assert sorted(p.name for p in (run / "answer" / "checkpoints").iterdir()) == ["step_2", "step_4"]
 
 
-def test_a_damaged_latest_checkpoint_falls_back_and_nothing_good_is_one_line(model, tmp_path, sigterm_at, capsys):
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_falls_back_and_nothing_good_is_one_line(tiny_model, tmp_path, sigterm_at, capsys):
     run = tmp_path / "run"
     sigterm_at("manager", 2)
-    train_mod.train(load_config(None, config(model, run, every=1)))
+    train_mod.train(load_config(None, config(tiny_model, run, every=1)))
     latest = run / "manager" / "checkpoints" / "step_2"
     weights = latest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])          # truncated
@@ -142,21 +139,21 @@ def test_a_damaged_latest_checkpoint_falls_back_and_nothing_good_is_one_line(mod
     assert err.count("\n") == 1 and err.startswith("error: ") and "no usable checkpoint" in err
 
 
-def test_user_errors_in_train_are_one_line(model, tmp_path, capsys):
-    from test_data_loaders import lme_item
+def test_user_errors_in_train_are_one_line(tiny_model, tmp_path, capsys):
+    from data_rows import lme_item
     assert cli_main(["train", "--config", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: config file {tmp_path} is a directory, not a TOML file\n"
     lme = tmp_path / "lme.json"
     lme.write_text(json.dumps([lme_item()]))
     (tmp_path / "c.toml").write_text("")
-    assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(model, tmp_path / "run")
+    assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(tiny_model, tmp_path / "run")
                     + [f"data.path={lme}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing to train on: it is a LongMemEval file, an evaluation set" in err
     a_file = tmp_path / "not_a_folder"
     a_file.write_text("keep me")
-    assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(model, a_file)) == 2
+    assert cli_main(["train", "--config", str(tmp_path / "c.toml")] + config(tiny_model, a_file)) == 2
     assert capsys.readouterr().err == f"error: run_dir {a_file} exists and is not a folder\n"
-    assert cli_main(["eval", "--config", str(tmp_path / "c.toml"), "--split", "val"] + config(model, a_file)) == 2
+    assert cli_main(["eval", "--config", str(tmp_path / "c.toml"), "--split", "val"] + config(tiny_model, a_file)) == 2
     assert capsys.readouterr().err == f"error: run_dir {a_file} exists and is not a folder\n"
     assert a_file.read_text() == "keep me"

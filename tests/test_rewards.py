@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from memr1.rl.agents import GREEDY
+from memr1.rl.generation import GREEDY
 from memr1.rl.judge import (JUDGE_SYSTEM, Judge, JudgeConfig, OpenAIChatGenerator, TextCompletion,
                             build_judge_messages, judge_answers, parse_judge)
 from memr1.rl.rewards import bleu1, bleu1_tokens, exact_match, f1, normalize, score_answer, word_tokens

@@ -5,24 +5,24 @@ import zlib
 
 import msgspec
 import pytest
+import torch
 
-from memr1.engine.generation import Completion, GeneratorConfig, make_generator
+from memr1.engine.generation import GeneratorConfig, make_generator
 from memr1.engine.learner import Learner, LearnerConfig
 from memr1.engine.loop import Loop, LoopConfig
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents import SamplingConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import oracle_facts, run_manager
 from memr1.rl.data import load_conversations
 from memr1.rl.eval import EvalConfig, Task, evaluate
 from memr1.rl.eval_report import oracle_scores
+from memr1.rl.generation import Completion, SamplingConfig
 from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
 from memr1.rl.turns import decide, manager_turns
 from memr1.rl.warm import manager_target
-from tiny_model import tiny_llama
 
 FAST = StageConfig(prompts_per_step=2, group_size=2)
 SAMPLING = SamplingConfig(max_new_tokens=12)
@@ -40,8 +40,9 @@ def build(convs, embedder, manager=MANAGER):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    folder = tiny_llama(tmp_path_factory.mktemp("tiny"))
+def setup(tiny_model):
+    torch.manual_seed(0)  # the module's unseeded samples do not depend on the tests that ran before it
+    folder = tiny_model
     gen_cfg = GeneratorConfig(backend="hf", model=str(folder), max_model_len=2048)
     embedder = HashEmbedder(64)
     convs = load_conversations(None, n=3, split="train")

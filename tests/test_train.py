@@ -11,33 +11,15 @@ from memr1.engine.config import load_config
 from memr1.engine.plan import plan_text
 from memr1.engine.resolve import budget_warnings
 from memr1.engine.train import train
-from tiny_model import tiny_llama
+from run_helpers import overrides, rows
 
 
-def overrides(model, run_dir, steps, stages=("manager", "answer")):
-    out = [f"generator.model={model}", "generator.backend=hf", "generator.max_model_len=2048", "embedder=hash",
-           "data.n=3", f"run_dir={run_dir}", "extract.source=oracle", f"stages={list(stages)}",
-           "manager.max_new_tokens=8", "answer.max_new_tokens=4", "answer.distill=false", "eval.progress=false"]
-    for s in ("manager", "answer", "manager_warm", "answer_warm"):
-        out += [f"stage.{s}.steps={steps}", f"stage.{s}.prompts_per_step=2", f"stage.{s}.lr=1e-4"]
-        out += [f"stage.{s}.group_size={1 if s.endswith('_warm') else 2}"]
-    return out
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
-def test_both_stages_write_the_run_directory_and_resume(model, tmp_path):
+@pytest.mark.slow
+def test_both_stages_write_the_run_directory_and_resume(tiny_model, tmp_path):
     """The paper's order and pipelines: stage-1 items on banks the base manager built from each call's
     history, stage 2 on banks the trained manager built."""
     run = tmp_path / "run"
-    out = train(load_config(None, overrides(model, run, 2)))
+    out = train(load_config(None, overrides(tiny_model, run, 2)))
     assert (run / "config.toml").is_file() and any((run / "tb").rglob("events.*"))
     got = rows(run)
     assert [(r["stage"], r["step"]) for r in got] == [("manager", 1), ("manager", 2), ("answer", 1), ("answer", 2)]
@@ -58,7 +40,8 @@ def test_both_stages_write_the_run_directory_and_resume(model, tmp_path):
     assert [(r["stage"], r["step"]) for r in rows(run)][4:] == [("manager", 3), ("answer", 3)]
 
 
-def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(model, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tmp_path, monkeypatch):
     """answer_warm -> answer -> answer_control -> manager_warm -> manager -> manager_control: each RL
     stage starts from its role's newest checkpoint, a control from its warm start on exactly the RL
     stage's prompts, step by step, and hands on nothing (the manager's frozen answerer is the RL answer
@@ -80,7 +63,7 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(model, tmp_pat
     monkeypatch.setattr(train_mod, "train_stage", stage_named)
     run = tmp_path / "run"
     stages = ("answer_warm", "answer", "answer_control", "manager_warm", "manager", "manager_control")
-    cfg = load_config(None, overrides(model, run, 1, stages) + [
+    cfg = load_config(None, overrides(tiny_model, run, 1, stages) + [
         'eval_after=["base", "warm", "trained", "control"]', "eval_split=train", f"cache_dir={tmp_path / 'cache'}",
         "eval.max_turns=6", "eval.max_questions=1", "items.bank_pipeline=oracle", "items.answer_banks=oracle",
         "eval.resamples=200", "stage.manager.steps=2", "stage.answer_warm.lr=3e-4"])
@@ -132,7 +115,8 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(model, tmp_pat
     assert fixed["split"] == "test" and fixed["cluster"] == "conversation"
 
 
-def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(tiny_model, tmp_path, monkeypatch):
     from memr1.engine import train as train_mod
     from memr1.rl.data import load_conversations
     trained_on = []
@@ -143,7 +127,7 @@ def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, 
             return super().train_step(batch)
     monkeypatch.setattr(train_mod, "Learner", Recording)
     run = tmp_path / "run"
-    cfg = load_config(None, overrides(model, run, 3, ("answer_warm", "answer")) + [
+    cfg = load_config(None, overrides(tiny_model, run, 3, ("answer_warm", "answer")) + [
         "loop.validate_every=1", "items.answer_banks=oracle", "data.n=20"])
     train(cfg)
     train_ids = {c.sample_id for c in load_conversations(None, n=20, split="train")}
@@ -157,17 +141,18 @@ def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(model, 
     assert best["step"] == first_best and final_checkpoint(run / "answer").name == f"step_{first_best}"
 
 
-def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(model, tmp_path):
-    text, fits = plan_text(load_config(None, overrides(model, tmp_path, 1)))
+def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(tiny_model, tmp_path):
+    text, fits = plan_text(load_config(None, overrides(tiny_model, tmp_path, 1)))
     assert fits and "2 prompts x 2 = 4 completions/step" in text and "GiB" in text
-    gpu = load_config(None, overrides(model, tmp_path, 1) + ["learner.device=cuda"])
+    gpu = load_config(None, overrides(tiny_model, tmp_path, 1) + ["learner.device=cuda"])
     text, fits = plan_text(gpu)
     import torch
     if not torch.cuda.is_available():
         assert fits and "not checked (planned for CUDA" in text   # planning a GPU run from here works
         text, fits = plan_text(gpu, dry_run=False)
         assert not fits and "no CUDA device" in text             # running it here does not
-    text, fits = plan_text(load_config(None, overrides(model, tmp_path, 1) + ["generator.max_model_len=200000000"]))
+    huge = ["generator.max_model_len=200000000"]
+    text, fits = plan_text(load_config(None, overrides(tiny_model, tmp_path, 1) + huge))
     assert not fits and "DOES NOT FIT" in text
 
 

@@ -44,7 +44,7 @@ class FakeLLM:
 def test_every_engine_call_holds_the_process_wide_lock():
     from memr1.engine.generation import GeneratorConfig
     from memr1.engine.generation import vllm_backend as vb
-    from memr1.rl.agents import SamplingConfig
+    from memr1.rl.generation import SamplingConfig
 
     gen = object.__new__(vb.VLLMGenerator)   # no engine: only the call paths are under test
     gen.cfg, gen.llm = GeneratorConfig(backend="vllm", max_model_len=64), FakeLLM(vb.ENGINE_LOCK)

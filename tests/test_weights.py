@@ -3,7 +3,10 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from memr1.engine.generation.weights import ManifestStream, buckets, check_manifest, check_named_tensors, stream
+from memr1.engine.generation.backend import Backend
+from memr1.engine.generation.base import GeneratorConfig
+from memr1.engine.generation.weights import (ManifestStream, buckets, check_manifest, check_named_tensors, push_weights,
+                                             stream)
 
 EXPECTED = {"model.embed_tokens.weight": (8, 4), "a": (4, 4), "b": (4,), "c": (2, 4)}
 ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -122,3 +125,54 @@ def test_buckets_are_bounded_and_complete():
     halves = list(buckets(tensors, 3, CPU, torch.bfloat16))
     assert [len(b) for b in halves] == [6, 4] and halves[0][0][1].dtype == torch.bfloat16
     assert [n for n, _ in stream(tensors, 3, CPU, torch.float32)] == [n for n, _ in tensors]
+
+
+class Exporter:
+    """A learner's weight side: pairs made on demand, and their manifest."""
+
+    def __init__(self, pairs):
+        self.producer, self.shapes = Producer(pairs), {n: tuple(t.shape) for n, t in pairs}
+
+    def export_weights(self):
+        return iter(self.producer)
+
+    def weight_manifest(self):
+        return self.shapes
+
+
+class Receiver(Backend):
+    """A backend with no engine: it notes the names it loads."""
+
+    def __init__(self, shapes, bucket_mb):
+        self.cfg, self.shapes, self.loaded = GeneratorConfig(weight_bucket_mb=bucket_mb), shapes, []
+
+    def named_shapes(self):
+        return self.shapes
+
+    def weight_target(self):
+        return CPU, torch.float32
+
+    def load_weights(self, tensors):
+        for name, t in tensors:
+            self.loaded.append(name)
+
+
+def test_push_weights_moves_pairs_in_the_generators_buckets():
+    pairs = [(f"w{i}", torch.ones(256, 1024)) for i in range(12)]  # 1 MiB each in fp32
+    learner = Exporter(pairs)
+    gen = Receiver(learner.shapes, bucket_mb=2)
+    assert push_weights(learner, gen, 3) == 12 * 2**20  # the bytes exported, for the loop's sync_bytes
+    assert gen.loaded == list(learner.shapes) and gen.weight_version == 3 and not gen.needs_weights
+    assert learner.producer.max_live <= 2  # one 2 MiB generator bucket alive, never the model
+
+
+def test_push_weights_refuses_a_broken_export_and_leaves_the_generator_refusing():
+    pairs = [(f"w{i}", torch.ones(4)) for i in range(6)]
+    learner = Exporter(pairs)
+    learner.producer.pairs = pairs[:3] + [("w3", torch.ones(5))] + pairs[4:]  # a shape the manifest did not say
+    gen = Receiver(learner.shapes, bucket_mb=1)
+    with pytest.raises(ValueError, match="broke its manifest.*w3: shape"):
+        push_weights(learner, gen, 1)
+    assert gen.needs_weights and gen.weight_version == 0 and gen.loaded == ["w0", "w1", "w2"]
+    with pytest.raises(RuntimeError, match="refused"):
+        gen.check_ready("generate")

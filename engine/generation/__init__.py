@@ -1,13 +1,13 @@
-"""Generation: one Generator interface, a vLLM backend (production) and a transformers backend
-(reference). `make_generator(cfg)` picks and builds one."""
+"""Generation backends for the contract in `memr1.rl.generation`: a vLLM backend (production) and a
+transformers backend (reference), both on `backend.Backend`. `make_generator(cfg)` picks and builds one."""
 import importlib.util
 from pathlib import Path
 
-from memr1.engine.generation.base import Completion, Generator, GeneratorConfig, SamplingConfig, check_config
+from memr1.engine.generation.base import GeneratorConfig, check_config
 from memr1.engine.generation.model import cache_root, default_model_path
+from memr1.rl.generation import Generator
 
-__all__ = ["GeneratorConfig", "SamplingConfig", "Completion", "Generator", "make_generator",
-           "default_model_path", "resolve_model"]
+__all__ = ["GeneratorConfig", "make_generator", "default_model_path", "resolve_model"]
 
 
 def resolve_model(name: str) -> Path:

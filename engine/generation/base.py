@@ -1,13 +1,13 @@
-"""The one generation interface: configs, the Completion record, the Generator protocol, and the
-input checks every backend shares (so bad input fails the same clear way everywhere)."""
-from collections.abc import Iterable
-from typing import Annotated, Any, Protocol
+"""Engine-side generation settings and the input checks every backend shares (so bad input fails the
+same clear way everywhere). The contract itself (SamplingConfig, Completion, Generator) is
+`memr1.rl.generation`: rl/ defines it, engine/ is on top."""
+from typing import Annotated
 
 import msgspec
 import torch
 from msgspec import Meta
 
-from memr1.rl.agents import SamplingConfig, chat_prompt_ids  # the one sampling type (rl/ defines it; engine/ is on top)
+from memr1.rl.generation import SamplingConfig, chat_prompt_ids
 
 
 class GeneratorConfig(msgspec.Struct, kw_only=True):
@@ -19,45 +19,10 @@ class GeneratorConfig(msgspec.Struct, kw_only=True):
     truncate_prompts: bool = False  # keep the last tokens of an over-long prompt instead of raising
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.3
     enforce_eager: bool = True
-    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256
+    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256  # new weights move to the engine this much at a time
     batch_size: Annotated[int, Meta(ge=1)] = 64  # prompts per generate call when building banks and evaluating
     sleep_level: Annotated[int, Meta(ge=1, le=2)] = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them
     cache_dir: str = ""  # vLLM caches and IPC files; "" = $MEMR1_CACHE/vllm
-
-
-class Completion(msgspec.Struct):
-    prompt_index: int
-    token_ids: list[int]
-    logprobs: list[float]  # of each sampled token under the distribution it was sampled from
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) | "length"
-    weight_version: int
-    prompt_token_ids: list[int]
-
-
-class Generator(Protocol):
-    tokenizer: Any
-    weight_version: int
-
-    def generate(self, prompts: list[list[int]] | list[list[dict]], n: int,
-                 sampling: SamplingConfig) -> list[list[Completion]]: ...
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
-                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
-        """Load a complete weight set in place and set weight_version; a bad set raises ValueError.
-
-        Without `manifest` every (name, tensor) is collected and checked before the first load, so a
-        bad set loads nothing, but references to ALL tensors are held at once. With `manifest`
-        (name -> full shape, e.g. `Learner.weight_manifest()`) the manifest is checked first (a bad one
-        loads nothing and draws nothing), then the tensors are streamed in buckets and each is released
-        once loaded: callers streaming from a sharded learner must pass it. A stream that breaks its
-        manifest part-way raises and leaves the generator refusing to generate until a complete
-        update succeeds."""
-        ...
-
-    def sleep(self) -> None: ...
-
-    def wake(self) -> None: ...
 
 
 NEEDS_WEIGHTS = ("the model holds no complete weights (sleep level 2 dropped them, or an update_weights stream "

@@ -3,19 +3,19 @@ fallback where vLLM is absent, not a second engine to optimise.
 
 Logprobs come from the scores `generate` samples from (after temperature / top-k / top-p), so they
 are of the same distribution as the vLLM backend's `processed_logprobs`."""
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from memr1.engine.generation.base import (NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, engine_dtype,
-                                          check_sampling, cut_at_stop, tokenize_prompts)
-from memr1.engine.generation.weights import ManifestStream, check_named_tensors
+from memr1.engine.generation.backend import Backend, Sample
+from memr1.engine.generation.base import GeneratorConfig, cut_at_stop, engine_dtype
+from memr1.rl.generation import SamplingConfig
 
 DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class HFGenerator:
+class HFGenerator(Backend):
     def __init__(self, cfg: GeneratorConfig, model_path: Path, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -31,8 +31,6 @@ class HFGenerator:
         self.vocab_size = self.model.config.vocab_size
         self.eos_ids = self.stop_token_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.weight_version = 0
-        self.needs_weights = False  # set by an update_weights stream that broke part-way
 
     def stop_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -41,13 +39,9 @@ class HFGenerator:
         return [eos] if isinstance(eos, int) else list(eos)
 
     @torch.no_grad()
-    def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def sample(self, ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         from transformers import GenerationConfig
 
-        self.check_ready("generate")
-        check_sampling(sampling, n, self.cfg.max_model_len)
-        ids = tokenize_prompts(prompts, self.tokenizer, self.vocab_size, self.cfg.max_model_len,
-                               sampling.max_new_tokens, self.cfg.truncate_prompts)
         rows = [p for p in ids for _ in range(n)]  # prompt-major: row i*n + j is sample j of prompt i
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -77,9 +71,7 @@ class HFGenerator:
         for r in range(len(rows)):
             toks, reason = self.trim(new[r].tolist(), sampling)
             text, _ = cut_at_stop(self.tokenizer.decode(toks, skip_special_tokens=True), sampling.stop)
-            result[r // n].append(Completion(
-                prompt_index=r // n, token_ids=toks, logprobs=logprobs[r, :len(toks)].tolist(), text=text,
-                finish_reason=reason, weight_version=self.weight_version, prompt_token_ids=list(rows[r])))
+            result[r // n].append((toks, logprobs[r, :len(toks)].tolist(), text, reason))
         return result
 
     def trim(self, toks: list[int], s: SamplingConfig) -> tuple[list[int], str]:
@@ -96,31 +88,8 @@ class HFGenerator:
         return {k: tuple(p.shape) for k, p in self.model.named_parameters()}
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
-                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
-        """See Generator.update_weights. Pass `manifest` when the tensors are made on demand (an FSDP
-        learner's export): without it every tensor is referenced at once before loading."""
-        expected = self.named_shapes()
-        if manifest is None:
-            tensors = check_named_tensors(named_tensors, expected)
-        else:
-            tensors = ManifestStream(named_tensors, manifest, expected)  # a bad manifest raises here
+    def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
-        self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
         for name, t in tensors:
             params[name].copy_(t)  # copy_ casts dtype and device per tensor: no second full copy
             del t
-        if manifest is not None:
-            tensors.raise_if_broken()
-        self.weight_version = int(version)
-        self.needs_weights = False
-
-    def check_ready(self, what: str) -> None:
-        if self.needs_weights:
-            raise RuntimeError(f"{what} refused: {NEEDS_WEIGHTS}")
-
-    def sleep(self) -> None:
-        """No-op: the reference backend keeps its weights where they are."""
-
-    def wake(self) -> None:
-        """No-op, see sleep()."""

@@ -16,15 +16,16 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from memr1.engine import quiet
-from memr1.engine.generation.base import NEEDS_WEIGHTS, Completion, GeneratorConfig, SamplingConfig, \
-    check_sampling, engine_dtype, tokenize_prompts
-from memr1.engine.generation.weights import ManifestStream, check_named_tensors, checkpoint_manifest, stream
+from memr1.engine.generation.backend import Backend, Sample
+from memr1.engine.generation.base import GeneratorConfig, engine_dtype
+from memr1.engine.generation.weights import checkpoint_manifest
+from memr1.rl.generation import SamplingConfig
 
 
 def setup_env(cache_dir: Path) -> None:
@@ -113,7 +114,7 @@ class QuietExpectedReloadGaps(logging.Filter):
 ENGINE_LOCK = threading.RLock()
 
 
-class VLLMGenerator:
+class VLLMGenerator(Backend):
     def __init__(self, cfg: GeneratorConfig, model_path: Path, cache_dir: Path, seed: int = 0):
         setup_env(cache_dir)
         from vllm import LLM
@@ -137,16 +138,12 @@ class VLLMGenerator:
         self.expected = checkpoint_manifest(model_path)
         self.weight_version = 0
         self.asleep = False
-        self.needs_weights = False  # set by waking from sleep level 2 (weights dropped) or a broken update
+        self.needs_weights = False  # also set by waking from sleep level 2 (weights dropped)
 
-    def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def sample(self, ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        self.check_ready("generate")
-        check_sampling(sampling, n, self.cfg.max_model_len)
-        ids = tokenize_prompts(prompts, self.tokenizer, self.vocab_size, self.cfg.max_model_len,
-                               sampling.max_new_tokens, self.cfg.truncate_prompts)
         params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, max_tokens=sampling.max_new_tokens,
                                 stop=list(sampling.stop) or None, seed=sampling.seed,
@@ -154,48 +151,34 @@ class VLLMGenerator:
         with ENGINE_LOCK:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
         result = []
-        for i, out in enumerate(outs):
+        for out in outs:
             row = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
                 # logprobs=0 gives, per step, a dict holding the sampled token's entry.
                 lps = [step[t].logprob for step, t in zip(c.logprobs or [], toks)]
-                row.append(Completion(prompt_index=i, token_ids=toks, logprobs=lps, text=c.text,
-                                      finish_reason=c.finish_reason or "length",
-                                      weight_version=self.weight_version, prompt_token_ids=list(ids[i])))
+                row.append((toks, lps, c.text, c.finish_reason or "length"))
             result.append(row)
         return result
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
-                       manifest: dict[str, tuple[int, ...]] | None = None) -> None:
-        """See Generator.update_weights. Pass `manifest` when the tensors are made on demand (an FSDP
-        learner's export): without it every tensor is referenced at once before loading."""
-        if self.asleep:
-            raise RuntimeError("update_weights called while asleep; call wake() first")
-        # Both checks run before the first tensor moves, so a bad set (or manifest) loads nothing.
-        if manifest is None:
-            tensors = check_named_tensors(named_tensors, self.expected)
-        else:
-            tensors = ManifestStream(named_tensors, manifest, self.expected)
-        device = torch.device("cuda" if self.on_gpu else "cpu")
-        bucket_mb, dtype = self.cfg.weight_bucket_mb, self.model_dtype
+    def named_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.expected
 
+    def weight_target(self) -> tuple[torch.device, torch.dtype]:
+        return torch.device("cuda" if self.on_gpu else "cpu"), self.model_dtype
+
+    def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         def reload(worker):
             runner = worker.model_runner
-            runner.reload_weights(weights_iterator=stream(tensors, bucket_mb, device, dtype))
+            runner.reload_weights(weights_iterator=tensors)
             if runner.model_config.hf_config.tie_word_embeddings:
                 share_tied_head(runner.model)
 
-        self.needs_weights = True  # until the load completes: a failure part-way leaves a mix of two models
         with ENGINE_LOCK:
             try:
                 self.llm.collective_rpc(reload)
             finally:
                 self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
-        if manifest is not None:
-            tensors.raise_if_broken()
-        self.weight_version = int(version)
-        self.needs_weights = False
 
     def sleep(self) -> None:
         """GPU: free memory for training (level 1 keeps weights in CPU RAM, level 2 drops them).
@@ -211,9 +194,3 @@ class VLLMGenerator:
                 self.llm.wake_up()
             self.asleep = False
             self.needs_weights = self.needs_weights or self.cfg.sleep_level == 2  # keep a broken update's flag
-
-    def check_ready(self, what: str) -> None:
-        if self.asleep:
-            raise RuntimeError(f"{what} called while asleep; call wake() first")
-        if self.needs_weights:
-            raise RuntimeError(f"{what} refused: {NEEDS_WEIGHTS}")

@@ -7,6 +7,7 @@ Two ways in:
   tensor on demand (an FSDP learner gathering full parameters) would be materialised whole.
 - A stream with a manifest (name -> full shape, known up front): the manifest is checked before the
   first tensor is drawn, then each tensor is checked as it arrives and dropped once loaded.
+`push_weights` is the one path from a learner to a generator, and takes the second way.
 """
 import json
 import struct
@@ -192,3 +193,22 @@ def stream(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: int, de
     for bucket in buckets(named_tensors, bucket_mb, device, dtype):
         yield from bucket
         del bucket
+
+
+def push_weights(learner, generator, version: int) -> int:
+    """Put the learner's weights into the generator as `version`, and return the bytes exported: the one
+    path from training to generation (the loop's syncs, a stage's start, the benches). The learner
+    yields one gathered tensor at a time; the generator checks the manifest before drawing the first
+    and moves them in generator.weight_bucket_mb buckets, so neither side holds a second full copy of
+    the model. Every rank must call it: gathering a sharded parameter is a collective."""
+    exported = 0
+
+    def named():
+        nonlocal exported
+        for name, t in learner.export_weights():
+            exported += getattr(t, "nbytes", 0)
+            yield name, t
+            del t  # dropped before the next parameter is gathered
+
+    generator.update_weights(named(), version, manifest=learner.weight_manifest())
+    return exported

@@ -1,5 +1,9 @@
 """GRPO: advantages are rewards normalised within each group of completions of one prompt.
 
+A rank's batch goes through three steps here: one advantage per sequence (`group_advantages`), the
+groups that carry no signal left out (`drop_zero_advantage_groups`), and each sequence's advantage
+broadcast to its tokens in a micro-batch (`token_advantages`).
+
 The std convention is explicit because peers differ silently (verl: unbiased, torchtitan: population,
 Dr.GRPO: none). Dr.GRPO also needs a length-independent aggregation, see `dr_grpo`.
 """
@@ -13,6 +17,7 @@ import torch
 
 from memr1 import kernels
 from memr1.rl.losses import LossConfig
+from memr1.rl.records import TrainBatch
 
 
 class GRPOConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,3 +51,38 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: GRPOCon
     seq_adv, _ = kernels.grpo_advantage(rewards.float(), group_ids.long(), num_groups, std=cfg.std,
                                         eps=cfg.eps, baseline=cfg.baseline, validate=True)
     return seq_adv
+
+
+def group_advantages(batch: TrainBatch, cfg: GRPOConfig) -> torch.Tensor:
+    """One advantage per sequence [N] (CPU): given by the group, or GRPO's within-group normalisation."""
+    rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
+    if not rewards.numel():
+        return rewards
+    group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.responses])
+    adv = grpo_advantages(rewards, group_ids, cfg, num_groups=len(batch.groups)).float().cpu()
+    start = 0
+    for g in batch.groups:
+        if g.advantages is not None:
+            adv[start:start + len(g)] = torch.tensor(g.advantages, dtype=torch.float32)
+        start += len(g)
+    return adv
+
+
+def drop_zero_advantage_groups(batch: TrainBatch, seq_adv: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:
+    """A group whose advantages are all zero adds nothing to the surrogate (without KL or entropy
+    terms), so it need not be computed. The caller keeps the whole batch's denominators, so the
+    gradient is exactly the whole batch's."""
+    kept, advs, start = [], [], 0
+    for g in batch.groups:
+        adv = seq_adv[start:start + len(g)]
+        if adv.abs().sum() > 0:
+            kept.append(g)
+            advs.append(adv)
+        start += len(g)
+    return TrainBatch(kept, batch.weight_version), torch.cat(advs) if advs else seq_adv[:0]
+
+
+def token_advantages(seq_adv: torch.Tensor, gseq: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's advantage, its sequence's: `gseq` [S] indexes the micro-batch's sequences into
+    `seq_adv`, `seq_ids` [M] gives each token's sequence among those S. On `seq_ids`' device."""
+    return seq_adv[gseq][seq_ids.cpu()].to(seq_ids.device)
