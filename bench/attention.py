@@ -2,14 +2,15 @@
 
     python -m memr1.bench.attention [--quick] [--group-sizes 4,8,16] [--rounds 5] --json PATH
 
-memr1's rows layout holds a group's prompt once and then its G responses (engine/batching.py); each
-response attends to the prompt and to itself. `dense_mask` is what a competent transformers user writes
-for such a row: sdpa attention with a [1, 1, L, L] boolean mask (causal, the prompt visible to every
-response, the responses blind to each other), over which SDPA computes all L² pairs. `memr1_prefix` is
-engine/prefix_attention.py on the same row: the prompt causally, then the responses batched against the
-prompt's keys and their own. This isolates the attention: bench.train_step's `memr1` row is prompt
-sharing and this attention together. The other competent choice, flex_attention with a block mask,
-has no row: torch has no FlexAttention backward on CPU ("FlexAttention does not support backward on CPU").
+memr1's rows layout holds a group's prompt once and then its G responses (engine/training/batching.py);
+each response attends to the prompt and to itself. `dense_mask` is what a competent transformers user
+writes for such a row: sdpa attention with a [1, 1, L, L] boolean mask (causal, the prompt visible to
+every response, the responses blind to each other), over which SDPA computes all L² pairs. `memr1_prefix`
+is engine/training/prefix_attention.py on the same row: the prompt causally, then the responses batched
+against the prompt's keys and their own. This isolates the attention: bench.train_step's `memr1` row is
+prompt sharing and this attention together. The other competent choice, flex_attention with a block mask,
+has no row: torch has no FlexAttention backward on CPU ("FlexAttention does not support backward on
+CPU").
 
 Both sides run the same weights, token ids, positions and loss (the mean square of the final hidden
 states at the response positions, so that every position's gradient flows), forward and backward, fp32,
@@ -26,8 +27,8 @@ import time
 
 import torch
 
-from memr1.engine import prefix_attention
-from memr1.engine.batching import Seq, build_micro
+from memr1.engine.training import prefix_attention
+from memr1.engine.training.batching import Seq, build_micro
 
 IMPLS = ("dense_mask", "memr1_prefix")
 

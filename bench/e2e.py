@@ -66,19 +66,21 @@ def check_init(path: str) -> str:
 def make_setup(name: str, folder: str, quick: bool, init: str | None):
     """bench.loop's Setup of the row; returns it, the model both sides start from, the bench's learner
     config, and learner_for(skip), which makes a fresh learner with skip_zero_advantage = skip."""
-    from memr1.engine.learner import Learner, LearnerConfig
+    from memr1.engine.training.config import LearnerConfig
+    from memr1.engine.training.learner import Learner
 
     if name == "tiny":
         setup = tiny_setup(folder, quick)
         if importlib.util.find_spec("vllm") is not None:  # memr1's production backend
-            from memr1.engine.generation import GeneratorConfig, make_generator
+            from memr1.engine.generation import make_generator
+            from memr1.engine.generation.config import GeneratorConfig
             setup.gen = None  # drop bench.loop's HF copy before the engine loads
             setup.gen = make_generator(GeneratorConfig(backend="vllm", model=folder, max_model_len=4096))
             setup.settings["backend"] = "vllm"
         model, cfg, kw = folder, bench_learner(LearnerConfig()), {}
     else:
-        from memr1.engine.config import load_config
-        from memr1.engine.resolve import resolve
+        from memr1.engine.config.resolve import resolve
+        from memr1.engine.config.run import load_config
 
         setup = smollm2_setup()
         run = resolve(load_config(DEFAULT_CONFIG))
@@ -115,7 +117,7 @@ def make_row(setup: Setup, trainer: str, steps: list[dict], legs: int, generatio
     med = statistics.median(step_s)
     cfg = setup.stage.cfg
     row = {"model": setup.name, "trainer": trainer, "generation": generation, "group_size": cfg.group_size,
-           "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.answer.max_new_tokens,
+           "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.task.answer.max_new_tokens,
            "legs": legs, "steps_timed": len(step_s), "step_s": med, "step_s_spread": [min(step_s), max(step_s)],
            "steps_per_s": 1.0 / med,
            "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),

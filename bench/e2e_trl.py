@@ -23,7 +23,7 @@ def answer_rows(stage, steps: int) -> list[dict]:
 
     items = [it for s in range(steps) for it in step_items(stage.items, s, stage.cfg.prompts_per_step)]
     prompts = answer_prompts([AnswerRequest(it.bank, it.question.question, it.speakers) for it in items],
-                             stage.embedder, stage.answer)
+                             stage.embedder, stage.task.answer)
     return [{"prompt": p, "gold": it.question.answer, "question": it.question.question}
             for p, it in zip(prompts, items)]
 
@@ -54,7 +54,7 @@ class Counts:
         from memr1.rl.stages import score_answers
 
         texts = [c[-1]["content"] for c in completions]
-        parsed, scores = score_answers(texts, gold, question, self.stage.answer, self.stage.reward, None)
+        parsed, scores = score_answers(texts, gold, question, self.stage.task.answer, self.stage.reward, None)
         rewards = [sum(answer_reward(s, p.has_answer_tag, self.stage.reward).values()) for p, s in zip(parsed, scores)]
         g = self.stage.cfg.group_size  # TRL's sampler puts a prompt's G completions next to each other
         lengths = [len(ids) for ids in completion_ids]
@@ -83,7 +83,7 @@ class TrlSide:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.rows = answer_rows(stage, steps)
         p, g = stage.cfg.prompts_per_step, stage.cfg.group_size
-        new = stage.answer.max_new_tokens
+        new = stage.task.answer.max_new_tokens
         s, loss = stage.rollout_sampling, learner_cfg.loss
         longest = max(len(ids) for ids in self.prompt_ids([r["prompt"] for r in self.rows]))
         micro = micro_size(p * g, longest + new, learner_cfg.micro_batch_tokens)

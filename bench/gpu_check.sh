@@ -137,7 +137,7 @@ class Watch:
 Watch.hit = False
 sys.meta_path.insert(0, Watch())
 import torch
-for m in ("memr1.kernels", "memr1.engine.learner", "memr1.engine.generation", "memr1.engine.generation.hf",
+for m in ("memr1.kernels", "memr1.engine.training.learner", "memr1.engine.generation", "memr1.engine.generation.hf",
           "memr1.bench.gpu_learner", "memr1.bench.rollout", "memr1.bench.kernels"):
     importlib.import_module(m)
 import memr1, msgspec, transformers

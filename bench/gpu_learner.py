@@ -133,7 +133,8 @@ def grpo_batch(prompts: int, group: int, prompt_len: int, response_len: int, voc
 
 
 def run_variant(name: str, args, model: Path, batch, device: torch.device, profile_dir: Path | None):
-    from memr1.engine.learner import Learner, LearnerConfig
+    from memr1.engine.training.config import LearnerConfig
+    from memr1.engine.training.learner import Learner
 
     cfg = LearnerConfig(device=str(device), activation_checkpointing=name != "no_ac",
                         micro_batch_tokens=args.micro_batch_tokens)

@@ -45,7 +45,7 @@ COLUMNS = ["stage", "seed", "metric", "base", "warm", "trained", "control", "del
 
 def with_controls(stages: list[str]) -> list[str]:
     """The recipe's stages with "<role>_control" right after each RL stage whose warm start ran."""
-    from memr1.engine.config import stage_name
+    from memr1.engine.config.stages import stage_name
 
     out = []
     for name in stages:
@@ -134,7 +134,7 @@ def locomo_rows(run: Path, seed: int, locomo: Path, minutes: float) -> tuple[lis
 
 
 def _final(run: Path, stage: str) -> Path:
-    from memr1.engine.checkpoint import final_checkpoint
+    from memr1.engine.checkpoints.io import final_checkpoint
     found = final_checkpoint(run / stage)
     if found is None:
         raise SystemExit(f"{run}: stage {stage} has no checkpoint")
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.quick else None]
     runs = Path(args.runs).resolve()   # the child runs from the repository root
-    from memr1.engine.config import load_config
+    from memr1.engine.config.run import load_config
     stages = with_controls(load_config(args.config, args.overrides).stages)
     rows, timing, extras = [], {}, {}
     for seed in seeds:

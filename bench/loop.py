@@ -34,8 +34,10 @@ class Setup:
 
 
 def tiny_setup(folder: str, quick: bool) -> Setup:
-    from memr1.engine.generation import GeneratorConfig, make_generator
-    from memr1.engine.learner import Learner, LearnerConfig
+    from memr1.engine.generation import make_generator
+    from memr1.engine.generation.config import GeneratorConfig
+    from memr1.engine.training.config import LearnerConfig
+    from memr1.engine.training.learner import Learner
     from memr1.memory_store import HashEmbedder
     from memr1.rl.agents.answer import AnswerConfig
     from memr1.rl.data import load_conversations
@@ -43,6 +45,7 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     from memr1.rl.items import answer_items, oracle_bank
     from memr1.rl.rewards import RewardConfig
     from memr1.rl.stages import AnswerStage, StageConfig
+    from memr1.rl.turns import Task
 
     prompts, new_tokens = (4, 24) if quick else (8, 32)
     model = random_llama(folder, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
@@ -51,7 +54,7 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
     answer = AnswerConfig(top_k_per_speaker=10, max_new_tokens=new_tokens)
     stage = AnswerStage(items, embedder, StageConfig(prompts_per_step=prompts, group_size=4), SamplingConfig(),
-                        answer, RewardConfig())
+                        Task(answer=answer), RewardConfig())
     settings = {"backend": "hf", "stage": "answer", "prompts_per_step": prompts, "group_size": 4,
                 "max_new_tokens": new_tokens, "lr": 1e-5, "learner": "LearnerConfig() defaults"}
     return Setup("tiny-random", stage, gen, lambda: Learner(LearnerConfig(), str(model), lr=1e-5), settings)
@@ -60,10 +63,10 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
 def smollm2_setup() -> Setup:
     import msgspec
 
-    from memr1.engine.config import load_config, make_embedder
+    from memr1.engine.config.resolve import resolve
+    from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
-    from memr1.engine.learner import Learner
-    from memr1.engine.resolve import resolve
+    from memr1.engine.training.learner import Learner
     from memr1.rl.data import load_conversations
     from memr1.rl.items import answer_items, oracle_bank
     from memr1.rl.stages import AnswerStage
@@ -74,7 +77,7 @@ def smollm2_setup() -> Setup:
     convs = load_conversations(cfg.data.path or None, cfg.data.n, split="train")
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
     gen = make_generator(cfg.generator, run.seed)
-    stage = AnswerStage(items, embedder, scfg, run.rollout_sampling("answer"), cfg.answer, cfg.reward)
+    stage = AnswerStage(items, embedder, scfg, run.rollout_sampling("answer"), run.task, cfg.reward)
     backend = "vllm" if type(gen).__name__ == "VLLMGenerator" else "hf"  # generator.backend = "auto" picks one
     settings = {"backend": backend, "stage": "answer", "prompts_per_step": scfg.prompts_per_step,
                 "group_size": scfg.group_size, "max_new_tokens": cfg.answer.max_new_tokens, "lr": scfg.lr,
@@ -87,8 +90,9 @@ def smollm2_setup() -> Setup:
 
 def run_leg(setup: Setup, staleness: int, steps: int) -> tuple[list[dict], float]:
     """One leg from the base weights: the per-step metrics of its timed steps, and its wall seconds."""
+    from memr1.engine.config.run import LoopConfig
     from memr1.engine.generation.weights import push_weights
-    from memr1.engine.loop import Loop, LoopConfig
+    from memr1.engine.loop import Loop
 
     learner = setup.make_learner()
     push_weights(learner, setup.gen, 0)  # the base weights, version 0

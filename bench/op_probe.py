@@ -21,12 +21,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
 
-    from memr1.engine.checkpoint import final_checkpoints
-    from memr1.engine.config import load_config, make_embedder
+    from memr1.engine.checkpoints.io import final_checkpoints
+    from memr1.engine.config.resolve import resolve
+    from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
+    from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
-    from memr1.engine.resolve import resolve
-    from memr1.engine.swap import WeightSwap
     from memr1.engine.train import make_stage
     from memr1.rl.op_probe import VARIANTS, op_visibility
 

@@ -27,7 +27,8 @@ import torch
 from memr1.bench.common import write_json
 from memr1.bench.rollout_hf import VARIANTS, HFRunner
 from memr1.bench.rollout_prompts import KINDS, prompt_sets
-from memr1.engine.generation import GeneratorConfig, make_generator, resolve_model
+from memr1.engine.generation import make_generator, resolve_model
+from memr1.engine.generation.config import GeneratorConfig
 from memr1.engine.preload import preload
 from memr1.rl.generation import SamplingConfig
 
@@ -162,7 +163,7 @@ def shapes(kinds: list[str], quick: bool, new_tokens: int | None) -> tuple[dict,
     if "short" in kinds:
         out["short"] = (8, 4, 64)
     if {"manager", "answer"} & set(kinds):
-        from memr1.engine.config import load_config
+        from memr1.engine.config.run import load_config
         cfg = load_config(DEFAULT_CONFIG)
         for role in ("manager", "answer"):
             stage = getattr(cfg.stage, role)

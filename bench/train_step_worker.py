@@ -44,8 +44,9 @@ class Memr1:
     """memr1's Learner.train_step on the batch as Groups; `share` False: each sequence its own prompt."""
 
     def __init__(self, model, batch, share: bool, checkpointing: bool):
-        from memr1.engine.learner import Learner, LearnerConfig
-        from memr1.rl.losses import LossConfig
+        from memr1.engine.training.config import LearnerConfig
+        from memr1.engine.training.learner import Learner
+        from memr1.rl.algos.config import LossConfig
         from memr1.rl.records import Group, TrainBatch
         s = batch["settings"]
         loss = LossConfig(aggregation="token-mean", clip_low=s["clip"], clip_high=s["clip"],

@@ -11,7 +11,7 @@ HANDLERS = {
     ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
     ("train", None): "memr1.engine.train:train_cli",
-    ("report", None): "memr1.engine.report:report_cli",
+    ("report", None): "memr1.engine.observe.report:report_cli",
 }
 
 
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # User errors: bad config, data or checkpoint. Any command prints them as one line and exits 2; any
 # other exception is a bug and keeps its traceback.
-USER_ERRORS = {"memr1.engine.config": "ConfigError", "memr1.rl.data.locomo": "DataError",
-               "memr1.engine.checkpoint_files": "CheckpointError"}
+USER_ERRORS = {"memr1.engine.config.errors": "ConfigError", "memr1.rl.data.locomo": "DataError",
+               "memr1.engine.checkpoints.files": "CheckpointError"}
 
 
 def user_errors() -> tuple:
@@ -76,7 +76,7 @@ def user_errors() -> tuple:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from memr1.engine import quiet
+    from memr1.engine.observe import quiet
     quiet.setup(args.verbose)
     key = (args.command, getattr(args, "action", None))
     module, func = HANDLERS[key].split(":")

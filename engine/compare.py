@@ -17,7 +17,7 @@ eval/summary.json holds every row and comparison; the table is printed last.
 import json
 from pathlib import Path
 
-from memr1.engine.config import stage_name
+from memr1.engine.config.stages import stage_name
 from memr1.engine.evaluate import run_eval
 from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
 from memr1.rl.stats import compare_reports
@@ -62,16 +62,16 @@ def evaluate_after(run, finals: dict[str, Path], generator) -> dict:
     reports: dict[str, Path] = {}
     pols = policies(run, finals)
     for label, models in pols.items():
-        reports[label] = run_eval(cfg, split, models, generator, label, baseline="base" if label == "base" else "memr1")
+        reports[label] = run_eval(run, split, models, generator, label, baseline="base" if label == "base" else "memr1")
         if has_oracle:
-            reports[f"{label}.oracle_banks"] = run_eval(cfg, split, {k: v for k, v in models.items() if k == "answer"},
+            reports[f"{label}.oracle_banks"] = run_eval(run, split, {k: v for k, v in models.items() if k == "answer"},
                                                         generator, f"{label}.oracle_banks", baseline="oracle")
     trained = pols.get("trained", {})
     if "manager" in trained and "answer" in trained:
         for label, models in pols.items():
             if label != "trained":
                 manager = {"manager": models["manager"]} if "manager" in models else {}
-                reports[fixed_answerer(label)] = run_eval(cfg, split, {**manager, "answer": trained["answer"]},
+                reports[fixed_answerer(label)] = run_eval(run, split, {**manager, "answer": trained["answer"]},
                                                           generator, fixed_answerer(label), baseline="memr1")
     summary = summarize(reports, cfg.eval.resamples, cfg.seed)
     out = run.run_dir / "eval" / "summary.json"

@@ -3,22 +3,23 @@ write `<run_dir>/eval/<split>[.<label>].json` and print the paper's table (and, 
 paired differences against another report of the same split, with bootstrap intervals).
 
 Extractions and banks are cached under `cache_dir`, else `$MEMR1_CACHE/eval`, else
-`<run_dir>/cache`, in folders named by a hash of everything that decides their content (the weights'
-identity, the extraction and manager settings, the embedder, the turn limit), so a rerun or an
+`<run_dir>/cache`, keyed by what decides their content (config/caches.py), so a rerun or an
 interrupted run reuses them, and memr1 train's items reuse an eval's extraction. One engine serves
 every role, swapping checkpoints between phases.
 """
-import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import msgspec
 
-from memr1.engine import quiet
-from memr1.engine.checkpoint import final_checkpoints
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.checkpoints.io import final_checkpoints
+from memr1.engine.config.caches import cache_dirs, model_identity
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.judge import make_judge
+from memr1.engine.config.resolve import Resolved, resolve
+from memr1.engine.config.run import dump_toml, load_config, make_embedder
+from memr1.engine.observe import quiet
 
 ROLES = ("extract", "manager", "answer", "judge")
 
@@ -27,14 +28,14 @@ def eval_cli(args) -> int:
     try:
         cfg = load_config(args.config, list(getattr(args, "overrides", None) or []))
         models = cli_models(args)
-        out = run_eval(cfg, split=args.split, models=models)
+        out = run_eval(resolve(cfg, 0, 1), split=args.split, models=models)
         if getattr(args, "compare", None):
             print_comparison(Path(args.compare), out, cfg.eval.resamples, cfg.seed)
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:   # bad config, data, checkpoint
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
-    from memr1.engine.report import report_quietly
+    from memr1.engine.observe.report import report_quietly
     report_quietly(out.parent.parent)   # <run_dir>/eval/<name>.json -> <run_dir>
     return 0
 
@@ -70,19 +71,18 @@ def role_models(checkpoint: str) -> dict[str, Path]:
     raise ValueError(f"--checkpoint {path}: no config.json (HF checkpoint) or config.toml (run directory) there")
 
 
-def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, generator=None,
+def run_eval(run: Resolved, split: str = "val", models: dict | None = None, generator=None,
              label: str = "", baseline: str | None = None) -> Path:
     """Evaluate one split; write `<run_dir>/eval/<split>[.<label>].json` and print the table.
     `models`: role -> checkpoint for the manager and/or the answer agent (others: the base model);
     `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
-    from memr1.engine.generation import make_generator, resolve_model
-    from memr1.engine.swap import WeightSwap
+    from memr1.engine.generation import make_generator
+    from memr1.engine.generation.swap import WeightSwap
     from memr1.rl.data import load_conversations
-    from memr1.rl.eval import Task, evaluate, table, write_report
-    from memr1.rl.judge import Judge
+    from memr1.rl.eval import evaluate, table, write_report
 
+    cfg, run_dir, base = run.cfg, run.run_dir, run.base_model
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
-    run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     quiet.log_to(run_dir)
     convs = load_conversations(cfg.data.path or None, cfg.data.n, split=split)
@@ -91,7 +91,6 @@ def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, gen
         raise ValueError(f"{source} has no conversations in split {split!r}")
     if models and ecfg.baseline == "base":
         raise ValueError("eval.baseline='base' evaluates the untrained model; drop the checkpoints")
-    base = resolve_model(cfg.generator.model)
     paths = {**dict.fromkeys(ROLES, base), **(models or {})}
     ids = {role: model_identity(p) for role, p in paths.items()}
     embedder = make_embedder(cfg)
@@ -107,9 +106,8 @@ def run_eval(cfg: RunConfig, split: str = "val", models: dict | None = None, gen
         return len(generator.tokenizer.encode(text, add_special_tokens=False))
 
     facts_dir, banks_dir = cache_dirs(cfg, ids, ecfg.max_turns)
-    judge = Judge(views["judge"] if cfg.judge.kind == "local" else openai_judge(cfg), cfg.judge) \
-        if cfg.judge.kind != "off" else None
-    report = evaluate(convs, split, views, embedder, ecfg, task=Task(cfg.extract, cfg.manager, cfg.answer),
+    judge = make_judge(cfg, views["judge"])
+    report = evaluate(convs, split, views, embedder, ecfg, task=run.task,
                       cache_dir=banks_dir, facts_dir=facts_dir, model_id=ids["answer"], judge=judge,
                       count_tokens=count_tokens, context_limit=cfg.generator.max_model_len,
                       bank_overrides={"fsync": cfg.bank.fsync}, batch_size=cfg.generator.batch_size)
@@ -151,48 +149,5 @@ def print_comparison(before: Path, after: Path, resamples: int, seed: int) -> di
     return rows
 
 
-def openai_judge(cfg: RunConfig):
-    from memr1.rl.judge import OpenAIChatGenerator
-    return OpenAIChatGenerator(cfg.judge.url, cfg.judge.model, os.environ.get(cfg.judge.api_key_env))
-
-
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def model_identity(path: Path) -> str:
-    """Names the weights, not the folder: the converted default carries the GGUF digest, any other
-    checkpoint is named by its path and its weight files' sizes and mtimes."""
-    marker = path / "source.sha256"
-    if marker.is_file():
-        return f"{path.name}@{marker.read_text().split()[0][:16]}"
-    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
-    stamp = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
-    return f"{path.resolve()}@{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}"
-
-
-def cache_keys(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple[str, str]:
-    """(extraction key, bank key). Each holds only what changes that content, so the trained eval of a
-    run reuses the base eval's extraction (both extract with the base model), and training items and
-    stage-2 banks are rebuilt only when something that shapes them changed."""
-    common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
-              "dtype": cfg.generator.dtype, "backend": cfg.generator.backend, "max_turns": max_turns}
-    facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract)})
-    bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager)})
-    return facts_key, bank_key
-
-
-def cache_root(cfg: RunConfig) -> Path:
-    return Path(cfg.cache_dir) if cfg.cache_dir else (
-        Path(os.environ["MEMR1_CACHE"]) / "eval" if os.environ.get("MEMR1_CACHE") else cfg.resolved_run_dir() / "cache")
-
-
-def cache_dirs(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple[Path, Path]:
-    """(extraction cache, bank cache) folders, under cache_dir, $MEMR1_CACHE/eval or the run."""
-    facts_key, bank_key = cache_keys(cfg, ids, max_turns)
-    root = cache_root(cfg)
-    return root / "facts" / facts_key, root / "banks" / bank_key
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

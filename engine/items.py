@@ -1,8 +1,8 @@
 """The items each stage of a run trains on (rl/items.py), with the banks and facts they need.
 
 Facts come from `rl.banks.facts_for` (the synthetic oracle's, or extraction by the base model, cached
-with the eval's extraction cache key). Banks are the synthetic oracle's, or built by a manager
-checkpoint through `rl.banks.run_manager`, cached in the run:
+with the eval's extraction cache key: config/caches.py). Banks are the synthetic oracle's, or built by a
+manager checkpoint through `rl.banks.run_manager`, cached in the run:
     <run>/manager/items/<bank key>/     stage-1 items' banks (the base manager over each call's history)
     <run>/answer/banks/<bank key>/      the answer stage's banks (the run's latest manager)
 Under data parallelism each rank builds the banks its own items need, in its own `rank<r>` folder
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from memr1.engine.config import stage_name
-from memr1.engine.evaluate import cache_dirs, cache_keys, model_identity
+from memr1.engine.config.caches import cache_dirs, cache_keys, model_identity
+from memr1.engine.config.stages import stage_name
 from memr1.memory_store import MemoryBank
 from memr1.rl.banks import facts_for, run_manager, safe_name
 from memr1.rl.data import load_conversations
@@ -48,7 +48,7 @@ class RunItems:
             cfg, base = self.cfg, self.run.base_model
             facts_dir, _ = cache_dirs(cfg, {"extract": model_identity(base), "manager": ""})
             with self.bar(f"{self.split} items: extract") as b:
-                self._facts = facts_for(self.convs, self.swap.view(base), cfg.extract,
+                self._facts = facts_for(self.convs, self.swap.view(base), self.run.task.extract,
                                         {c.sample_id: facts_dir / safe_name(c.sample_id) for c in self.convs},
                                         cfg.generator.batch_size, 0, b)
         return self._facts
@@ -69,14 +69,14 @@ class RunItems:
         if ("manager", pipeline, warm) not in self._memo:
             stats = CallStats()
             guards = not warm and pipeline == "oracle" and self.cfg.items.guard_questions > 0
-            specs = manager_calls(self.convs, self.facts(), self.cfg.manager.turns_per_call,
+            specs = manager_calls(self.convs, self.facts(), self.run.task.manager.turns_per_call,
                                   every_call=warm or guards, stats=stats)
             shown = None
             if pipeline == "oracle":
                 banks = oracle_banks(specs, self.embedder)
                 if guards:   # what each prompt shows picks the guard questions
                     turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"])
-                                           for s, b in zip(specs, banks)], self.embedder, self.cfg.manager)
+                                           for s, b in zip(specs, banks)], self.embedder, self.run.task.manager)
                     shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
             else:
                 banks = self.history_banks(specs, stage)
@@ -134,7 +134,7 @@ class RunItems:
             folder = folder / f"rank{self.run.rank}"
         with self.bar(f"{what}: manager") as b:
             builds = run_manager(convs, {c.sample_id: folder / safe_name(c.sample_id) for c in convs}, facts,
-                                 self.swap.view(Path(manager)), self.embedder, cfg.manager,
+                                 self.swap.view(Path(manager)), self.embedder, self.run.task.manager,
                                  batch_size=cfg.generator.batch_size, bank_overrides={"fsync": cfg.bank.fsync}, bar=b)
         self._builds += builds.values()
         if self.run.rank == 0:

@@ -10,7 +10,7 @@ The loop knows nothing of Memory-R1: a Stage turns a step number into a TrainBat
 completions -> rewards), and the learner trains on it.
 
 Data parallel (torchrun): each rank runs its own producer on its share of the step's prompts and trains
-on its own groups; `agree` (engine/dist.py) makes all ranks agree, with scalar all-reduces, on what to
+on its own groups; `agree` (training/dist.py) makes all ranks agree, with scalar all-reduces, on what to
 do with a step: train it, skip it, stop, or raise. It runs in this (the learner) thread, so every
 collective (agreement, FSDP step, weight export, checkpoint) is issued from one thread in the same
 order on all ranks.
@@ -21,30 +21,13 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Protocol
+from typing import Any, Callable, Protocol
 
-import msgspec
-from msgspec import Meta
-
+from memr1.engine.config.run import LoopConfig
+from memr1.engine.generation.locked import LockedGenerator
 from memr1.engine.generation.weights import push_weights
-from memr1.engine.locked_generator import LockedGenerator
 from memr1.rl.records import Rollout
 from memr1.rl.spans import span
-
-
-class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_staleness: Annotated[int, Meta(ge=0)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
-    sync_every: Annotated[int, Meta(ge=1)] = 1      # push weights to the generator every n learner steps
-    on_rollout_error: Literal["stop", "skip"] = "stop"
-    max_skipped: Annotated[int, Meta(ge=0)] = 8     # with "skip": stop once this many rollouts failed
-    # Also at the end, on SIGINT/SIGTERM and when a rollout error stops the stage; 0: only then. A
-    # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
-    checkpoint_every: Annotated[int, Meta(ge=0)] = 10
-    validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
-    # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
-    # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
-    # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
-    sleep_while_training: bool = False
 
 
 class Stage(Protocol):
@@ -100,7 +83,7 @@ class Loop:
         self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
         self.steps, self.on_step, self.save_checkpoint, self.agree = steps, on_step, save_checkpoint, agree
         self.validate = validate   # step -> val_* metrics, run with the generator holding that step's weights
-        self.profiler = profiler   # engine/profiling.StepProfiler: traces the steps it names; None: no profiling
+        self.profiler = profiler   # observe/profiling.StepProfiler: traces the steps it names; None: no profiling
         self.sync_bytes = 0        # what the last weight sync moved
         self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
         self.gen_lock = threading.Lock()       # generation and weight loading never overlap

@@ -15,8 +15,8 @@ stage's frozen answer agent and the answer stage's bank-building manager are con
 Under torchrun every rank rolls out and trains its own share of each step's prompts (see loop.py);
 rank 0 alone writes config, metrics, tb/ and runs the final evaluation.
 A SIGINT/SIGTERM checkpoints the current stage and ends the run there (later stages and the evals
-do not run); `memr1 train --resume RUN_DIR` continues from that point, after the checks of resume.py
-(config changes, damaged checkpoints, metrics past the checkpoints).
+do not run); `memr1 train --resume RUN_DIR` continues from that point, after the checks of
+checkpoints/resume.py (config changes, damaged checkpoints, metrics past the checkpoints).
 """
 import json
 import sys
@@ -25,18 +25,22 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine import dist as dist_utils, quiet
-from memr1.engine.checkpoint import final_checkpoint
-from memr1.engine.checkpoint_files import CheckpointError, best_step, prune
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config, make_embedder, stage_name
+from memr1.engine.checkpoints.files import CheckpointError, best_step, prune
+from memr1.engine.checkpoints.io import final_checkpoint
+from memr1.engine.checkpoints.resume import check_resume_config, resume_points, state_step
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.judge import make_judge
+from memr1.engine.config.plan import plan_text
+from memr1.engine.config.resolve import Resolved, budget_warnings, resolve
+from memr1.engine.config.run import RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.config.stages import stage_name
 from memr1.engine.generation import make_generator
 from memr1.engine.generation.weights import push_weights
-from memr1.engine.learner import Learner
 from memr1.engine.loop import Loop, alone
-from memr1.engine.plan import plan_text
-from memr1.engine.resolve import Resolved, budget_warnings, resolve
-from memr1.engine.resume import check_resume_config, resume_points, state_step
-from memr1.engine.runlog import RunLog
+from memr1.engine.observe import quiet
+from memr1.engine.observe.runlog import RunLog
+from memr1.engine.training import dist as dist_utils
+from memr1.engine.training.learner import Learner
 from memr1.rl.data.locomo import DataError
 from memr1.rl.generation import GREEDY
 
@@ -50,7 +54,6 @@ def pick(setting: str, latest: dict, role: str, base: Path) -> Path:
 
 def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, latest: dict, val: bool = False):
     """The stage object for the loop (for validation: greedy, one completion per val item)."""
-    from memr1.rl.judge import Judge
     from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
     from memr1.rl.warm import WarmStage
 
@@ -61,12 +64,9 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         items_of = name if n.kind == "warm" else n.of("rl")
         its = items.manager(items_of) if role == "manager" else \
             items.answer(items_of, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
-        return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, cfg.manager, cfg.answer, rank, world, name)
+        return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, run.task, rank, world, name)
     sampling = run.rollout_sampling(role)
-    judge = None
-    if cfg.judge.kind != "off":
-        from memr1.engine.evaluate import openai_judge
-        judge = Judge(swap.view(run.base_model) if cfg.judge.kind == "local" else openai_judge(cfg), cfg.judge)
+    judge = make_judge(cfg, swap.view(run.base_model))
     its = items.manager(name) if role == "manager" else \
         items.answer(name, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
     if val:  # every val item once, greedy; the rank's share when data parallel
@@ -75,11 +75,10 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         sampling = GREEDY.with_tokens(sampling.max_new_tokens)
     if role == "manager":
         frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
-        stage = ManagerStage(its, frozen, embedder, scfg, sampling, cfg.manager, cfg.answer, cfg.reward, judge,
-                             rank, world)
+        stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
         stage.item_stats = items.manager_stats(name)
         return stage
-    return AnswerStage(its, embedder, scfg, sampling, cfg.answer, cfg.reward, judge, rank, world)
+    return AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
 
 
 def validator(run: Resolved, val_stage, policy, stage_dir: Path, save):
@@ -138,7 +137,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
                              policy, stage_dir, save)
     profiler = None
     if cfg.profile.steps and run.rank == 0:   # rank 0's traces; other ranks run unprofiled
-        from memr1.engine.profiling import StepProfiler
+        from memr1.engine.observe.profiling import StepProfiler
         profiler = StepProfiler(cfg.profile.steps, run.run_dir / "profile" / name, cuda=learner.device.type == "cuda")
     try:
         out = Loop(stage, policy, learner, cfg.loop, s.steps, on_step=log or (lambda m: None), save_checkpoint=save,
@@ -167,8 +166,8 @@ def check_train_data(cfg: RunConfig) -> None:
 
 def train(cfg: RunConfig) -> dict:
     from memr1.engine.compare import evaluate_after
+    from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
-    from memr1.engine.swap import WeightSwap
 
     # Under torchrun, join the process group before any engine exists, so vLLM joins it too.
     rank, world = dist_utils.init(cfg.learner.device)
@@ -248,7 +247,7 @@ def train_cli(args) -> int:
         else:
             raise ConfigError("memr1 train needs --config FILE or --resume RUN_DIR")
         if getattr(args, "profile", False) and not cfg.profile.steps:
-            from memr1.engine.profiling import DEFAULT_STEPS, ProfileConfig
+            from memr1.engine.observe.profiling import DEFAULT_STEPS, ProfileConfig
             cfg = msgspec.structs.replace(cfg, profile=ProfileConfig(steps=list(DEFAULT_STEPS)))
         text, fits = plan_text(cfg, dry_run=args.dry_run)
         if args.dry_run:
@@ -263,7 +262,7 @@ def train_cli(args) -> int:
         return 2
     if out["rank"] == 0:
         print(json.dumps(out, indent=2))
-        from memr1.engine.report import report_quietly
+        from memr1.engine.observe.report import report_quietly
         report_quietly(Path(out["run_dir"]))
     if out["stopped"] is None:
         return 0

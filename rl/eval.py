@@ -22,7 +22,6 @@ import msgspec
 from tqdm import tqdm
 
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
-from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import facts_for, generate_all, limit_turns, run_manager, safe_name, text_of
 from memr1.rl.data.locomo import CATEGORY_NAMES
@@ -31,7 +30,7 @@ from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.items import oracle_bank
 from memr1.rl.rag import input_counts, rag_bank
 from memr1.rl.rewards import score_answer
-from memr1.rl.turns import AnswerRequest, answer_prompts
+from memr1.rl.turns import AnswerRequest, Task, answer_prompts
 
 BASELINES = ("memr1", "base", "oracle", "rag", "full_context")
 ROLES = ("extract", "manager", "answer")
@@ -59,13 +58,6 @@ class EvalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
                 raise ValueError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.fact_match_f1 <= 1.0:
             raise ValueError(f"eval.fact_match_f1 must be in (0, 1], got {self.fact_match_f1}")
-
-
-class Task(msgspec.Struct, frozen=True):
-    """The agents' settings, which training and evaluation share."""
-    extract: ExtractConfig = ExtractConfig()
-    manager: ManagerConfig = ManagerConfig()
-    answer: AnswerConfig = AnswerConfig()
 
 
 def evaluate(conversations: list, split: str, generator, embedder, cfg: EvalConfig, *, task: Task = Task(),

@@ -10,43 +10,10 @@ mean, and the shares sum to the same loss however the batch was split.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
 import msgspec
-from msgspec import Meta
 import torch
 
-Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-class LossConfig(msgspec.Struct, frozen=True, kw_only=True):
-    clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2   # ratio floor is 1 - clip_low
-    clip_high: Annotated[float, Meta(ge=0)] = 0.2        # ratio ceiling is 1 + clip_high ("clip-higher" when > clip_low)
-    dual_clip: Annotated[float, Meta(ge=0)] = 3.0        # bound on the loss for negative advantages; 0 turns it off
-    log_ratio_clamp: Annotated[float, Meta(gt=0)] = 20.0  # keeps exp() finite on wild log-ratios
-    is_cap: Annotated[float, Meta(ge=0)] = 2.0           # truncated importance weight behaviour -> old policy; 0 turns it off
-    decoupled: bool = False          # AReaL: clip around the proximal policy, drop tokens with weight > is_cap
-    kl_coef: Annotated[float, Meta(ge=0)] = 0.0   # 0 means no reference model is ever loaded
-    kl_estimator: KLEstimator = "k3"
-    kl_in_reward: bool = False       # subtract coef * KL from the reward instead of adding it to the loss
-    entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
-    aggregation: Aggregation = "token-mean"
-    horizon: Annotated[int, Meta(ge=0)] = 0       # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
-    value_clip: Annotated[float, Meta(ge=0)] = 0.2
-
-    def __post_init__(self):
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"LossConfig.aggregation={self.aggregation!r}; expected one of {AGGREGATIONS}")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            raise ValueError(f"LossConfig.kl_estimator={self.kl_estimator!r}; expected k1, k2 or k3")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("LossConfig.clip_low and clip_high must be >= 0")
-        if self.dual_clip and self.dual_clip <= 1.0:
-            raise ValueError(f"LossConfig.dual_clip={self.dual_clip} must be > 1 (or 0 to turn it off)")
-        if self.aggregation == "seq-mean-token-sum-norm" and self.horizon <= 0:
-            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs LossConfig.horizon > 0")
+from memr1.rl.algos.config import AGGREGATIONS, LossConfig
 
 
 class Denom(msgspec.Struct, frozen=True):

@@ -65,11 +65,11 @@ def op_visibility(stage, items, oracles: dict) -> dict:
     from memr1.rl.turns import manager_turns
 
     turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
-                          stage.embedder, stage.manager)
+                          stage.embedder, stage.task.manager)
     owners, replies, labels = [], [], []
     for i, (it, turn) in enumerate(zip(items, turns)):
         shown = [it.bank.get(b).text for b in turn.prompt.bank_ids]
-        target, wrong = wrong_replies(it, shown, oracles[it.conversation], stage.manager.list_unchanged, turn)
+        target, wrong = wrong_replies(it, shown, oracles[it.conversation], stage.task.manager.list_unchanged, turn)
         for label, text in [("oracle", target)] + list(wrong.items()):
             owners.append(i)
             replies.append(text)

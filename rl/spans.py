@@ -1,5 +1,5 @@
 """Named ranges for the profiler: `with span("generate"): ...` shows up as a range in a torch.profiler
-trace (engine/profiling.py records the steps `profile.steps` names).
+trace (engine/observe/profiling.py records the steps `profile.steps` names).
 
 Outside a profiled step a span is a nullcontext: torch's record_function costs microseconds even with no
 profiler running, and these wrap every phase of every step. torch is never imported here; if nothing

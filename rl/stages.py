@@ -18,13 +18,13 @@ from msgspec import Meta
 
 from memr1.memory_store import Add, Delete
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
-from memr1.rl.agents.manager import EVENTS, ManagerConfig
+from memr1.rl.agents.manager import EVENTS
 from memr1.rl.generation import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
 from memr1.rl.spans import span
-from memr1.rl.turns import AnswerRequest, answer_prompts, apply_outcomes, decide, manager_turns
+from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -111,11 +111,11 @@ class ManagerScores:
 
 class ManagerStage:
     name = "manager"
-    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig,
-                 manager: ManagerConfig, answer: AnswerConfig, reward: RewardConfig, judge=None,
-                 rank: int = 0, world: int = 1):
+
+    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
+                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1):
         self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
-        self.cfg, self.rollout_sampling, self.manager, self.answer, self.reward = cfg, rollout, manager, answer, reward
+        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
         self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
 
@@ -125,7 +125,7 @@ class ManagerStage:
         it was), the frozen Answer Agent answers the item's questions from every fork in one generate
         call, and each completion gets `rewards.manager_reward`. Rollouts and rl/op_probe.py call this."""
         with span("parse"):
-            outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.embedder, self.manager)
+            outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.embedder, self.task.manager)
         forks = []
         t1 = time.perf_counter()
         with span("fork_apply"):
@@ -138,13 +138,13 @@ class ManagerStage:
             for j, (i, fork) in enumerate(zip(owners, forks)):
                 requests += [AnswerRequest(fork, qa.question, items[i].speakers) for qa in items[i].questions]
                 who += [(j, qa.answer) for qa in items[i].questions]
-            answers, distinct = greedy_once(self.frozen, answer_prompts(requests, self.embedder, self.answer),
-                                  self.answer.max_new_tokens)
+            answers, distinct = greedy_once(self.frozen, answer_prompts(requests, self.embedder, self.task.answer),
+                                            self.task.answer.max_new_tokens)
         t3 = time.perf_counter()
         golds = [g for _, g in who]
         with span("reward"):
             parsed, scores = score_answers([a[0].text for a in answers], golds, [r.question for r in requests],
-                                           self.answer, self.reward, self.judge)
+                                           self.task.answer, self.reward, self.judge)
             per_fork = [[] for _ in forks]
             for (j, _), s in zip(who, scores):
                 per_fork[j].append(s)
@@ -156,8 +156,8 @@ class ManagerStage:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
-                              self.embedder, self.manager)
-        sampling = self.rollout_sampling.with_tokens(self.manager.max_new_tokens)
+                              self.embedder, self.task.manager)
+        sampling = self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens)
         with span("generate"):
             completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
@@ -181,7 +181,7 @@ class ManagerStage:
                    "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
                    "frozen_answers": len(answers), "frozen_prompts": sc.frozen_prompts, "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups),
-                   # counters for the throughput summary (engine/throughput.py)
+                   # counters for the throughput summary (engine/observe/throughput.py)
                    "completions": n, "forks": n, "fork_s": sc.fork_s, "frozen_s": sc.frozen_s,
                    "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied),
                    "frozen_tokens": sum(len(a[0].token_ids) for a in answers),
@@ -192,26 +192,26 @@ class ManagerStage:
 class AnswerStage:
     name = "answer"
 
-    def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, answer: AnswerConfig,
+    def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
                  reward: RewardConfig, judge=None, rank: int = 0, world: int = 1):
         self.items, self.embedder, self.judge = items, embedder, judge
-        self.cfg, self.rollout_sampling, self.answer, self.reward = cfg, rollout, answer, reward
+        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
-        sampling = self.rollout_sampling.with_tokens(self.answer.max_new_tokens)
+        sampling = self.rollout_sampling.with_tokens(self.task.answer.max_new_tokens)
         with span("generate"):
-            completions = generator.generate(answer_prompts(requests, self.embedder, self.answer),
+            completions = generator.generate(answer_prompts(requests, self.embedder, self.task.answer),
                                              self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
         flat = [(it, c) for it, group in zip(items, completions) for c in group]
         golds = [it.question.answer for it, _ in flat]
         with span("reward"):
             parsed, scores = score_answers([c.text for _, c in flat], golds, [it.question.question for it, _ in flat],
-                                           self.answer, self.reward, self.judge)
+                                           self.task.answer, self.reward, self.judge)
             parts = [answer_reward(s, p.has_answer_tag, self.reward) for p, s in zip(parsed, scores)]
             G = self.cfg.group_size
             groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]

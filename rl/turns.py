@@ -11,6 +11,8 @@ are then independent streams that can be built in parallel, and the answer agent
 
 Answer turn: a question and a bank -> the prompt with the top-k memories of each speaker; a completion
 -> the parsed answer.
+
+`Task` holds the agents' settings these turns run with, one record for training and evaluation alike.
 """
 from __future__ import annotations
 
@@ -21,9 +23,18 @@ import msgspec
 
 from memr1.memory_store import BankError
 from memr1.rl.agents.answer import AnswerConfig, build_answer_messages
+from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import (ManagerConfig, ManagerPrompt, build_manager_prompt, memories_for_facts,
                                      parse_manager_output, to_store_ops)
 from memr1.rl.generation import hit_cap
+
+
+class Task(msgspec.Struct, frozen=True):
+    """The agents' settings, which training and evaluation share: the run builds it once from its
+    config, and stages, the warm start and evaluation all take it."""
+    extract: ExtractConfig = ExtractConfig()
+    manager: ManagerConfig = ManagerConfig()
+    answer: AnswerConfig = AnswerConfig()
 
 
 @dataclass

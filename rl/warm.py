@@ -15,13 +15,12 @@ import json
 import time
 
 from memr1.rl.agents.answer import AnswerConfig, memory_lines
-from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.data.synthetic import call_ops
 from memr1.rl.generation import chat_prompt_ids, reply_ids
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.stages import StageConfig
-from memr1.rl.turns import AnswerRequest, ManagerTurn, answer_prompts, manager_turns
+from memr1.rl.turns import AnswerRequest, ManagerTurn, Task, answer_prompts, manager_turns
 
 
 def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -> str:
@@ -63,8 +62,8 @@ def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle
 class WarmStage:
     """Supervised warm start of one role ("manager" or "answer") on the oracle; see the module doc."""
 
-    def __init__(self, role: str, items, conversations: dict, embedder, tokenizer, cfg: StageConfig,
-                 manager: ManagerConfig, answer: AnswerConfig, rank: int = 0, world: int = 1, name: str = ""):
+    def __init__(self, role: str, items, conversations: dict, embedder, tokenizer, cfg: StageConfig, task: Task,
+                 rank: int = 0, world: int = 1, name: str = ""):
         if role not in ("manager", "answer"):
             raise ValueError(f"WarmStage role must be manager or answer, got {role!r}")
         missing = sorted({it.conversation for it in items if not conversations[it.conversation].oracle})
@@ -72,22 +71,22 @@ class WarmStage:
             raise ValueError(f"a {role} warm start needs the synthetic oracle; {missing[:3]} have none")
         self.name, self.role = name or f"{role}_warm", role
         self.items, self.convs, self.embedder, self.tokenizer = items, conversations, embedder, tokenizer
-        self.cfg, self.manager, self.answer, self.rank, self.world = cfg, manager, answer, rank, world
+        self.cfg, self.task, self.rank, self.world = cfg, task, rank, world
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         if self.role == "answer":
             requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
-            prompts = answer_prompts(requests, self.embedder, self.answer)
-            targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.answer)
+            prompts = answer_prompts(requests, self.embedder, self.task.answer)
+            targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.task.answer)
                        for r, it in zip(requests, items)]
         else:
             turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"])
-                                   for it in items], self.embedder, self.manager)
+                                   for it in items], self.embedder, self.task.manager)
             prompts = [t.prompt.messages for t in turns]
             targets = [manager_target(t, [it.bank.get(i).text for i in t.prompt.bank_ids], it.call,
-                                      self.convs[it.conversation].oracle, self.manager.list_unchanged)
+                                      self.convs[it.conversation].oracle, self.task.manager.list_unchanged)
                        for t, it in zip(turns, items)]
         groups = [Group(prompt_ids=chat_prompt_ids(self.tokenizer, p), responses=[reply_ids(self.tokenizer, t)],
                         behav_logprobs=None, rewards=[0.0], advantages=[1.0], source=it.source)

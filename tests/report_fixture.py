@@ -6,7 +6,7 @@ import random
 import sys
 from pathlib import Path
 
-from memr1.engine.config import dump_toml, load_config
+from memr1.engine.config.run import dump_toml, load_config
 from memr1.rl.eval_report import aggregate, percentiles
 
 CATEGORIES = (1, 2, 3, 4)   # LoCoMo's numbering; rl/data/locomo.py names them

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memr1.bench.attention import dense_mask
-from memr1.engine.batching import Seq, build_micro
+from memr1.engine.training.batching import Seq, build_micro
 
 
 def test_dense_mask_is_causal_prompt_plus_own_response():

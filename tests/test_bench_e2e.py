@@ -13,6 +13,7 @@ from memr1.bench.e2e import TRAINERS, leg_order
 from memr1.bench.e2e_trl import Counts, micro_size
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.rewards import RewardConfig
+from memr1.rl.turns import Task
 
 
 def test_legs_mirror_and_micro_batches_fit_the_budget():
@@ -23,7 +24,7 @@ def test_legs_mirror_and_micro_batches_fit_the_budget():
 
 
 def test_trl_reward_is_memr1s_answer_reward_and_counts_tokens():
-    stage = SimpleNamespace(answer=AnswerConfig(), reward=RewardConfig(answer_format_penalty=0.5),
+    stage = SimpleNamespace(task=Task(answer=AnswerConfig()), reward=RewardConfig(answer_format_penalty=0.5),
                             cfg=SimpleNamespace(group_size=2))
     counts = Counts(stage)
     texts = ["Answer: Paris.", "paris", "Answer: Rome", "Answer: Rome"]

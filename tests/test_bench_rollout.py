@@ -52,7 +52,7 @@ def test_prompt_sets_are_disjoint_and_manager_answer_prompts_are_long():
     from transformers import AutoTokenizer
 
     from memr1.bench.rollout_prompts import prompt_sets
-    from memr1.engine.config import load_config
+    from memr1.engine.config.run import load_config
     from memr1.engine.generation import default_model_path
 
     sets = prompt_sets(load_config(DEFAULT_CONFIG), AutoTokenizer.from_pretrained(default_model_path()), 4, 3)

@@ -8,9 +8,11 @@ import pytest
 
 from learner_helpers import make_batch
 from loop_fakes import FakeGenerator, FakeLearner, FakeStage
-from memr1.engine import checkpoint_files as cm
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.engine.loop import Loop, LoopConfig, RolloutError
+from memr1.engine.checkpoints import files as cm
+from memr1.engine.config.run import LoopConfig
+from memr1.engine.loop import Loop, RolloutError
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
 
 
 def learner(path, lr=1e-3):

@@ -1,11 +1,14 @@
-"""engine.config: TOML loading, dotted overrides, clear errors, and the TOML writer's round trip."""
+"""engine.config.run: TOML loading, dotted overrides, clear errors, and the TOML writer's round trip."""
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from memr1.engine.config import ConfigError, RunConfig, dump_toml, load_config
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.run import RunConfig, dump_toml, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,7 +160,7 @@ def test_dump_toml_round_trips(tmp_path):
 
 
 def test_stage_names_parse_once_into_role_and_kind():
-    from memr1.engine.config import StageName, stage_name
+    from memr1.engine.config.stages import StageName, stage_name
     assert stage_name("manager") == StageName("manager", "rl") and not stage_name("manager").supervised
     assert stage_name("answer_warm") == StageName("answer", "warm") and stage_name("answer_warm").supervised
     control = stage_name("manager_control")
@@ -166,3 +169,18 @@ def test_stage_names_parse_once_into_role_and_kind():
         stage_name("manager_warmup")
     with pytest.raises(ConfigError, match="manager_control continues manager_warm's checkpoint"):
         load_config(None, ['stages=["manager", "manager_control"]'])
+
+
+def test_reading_a_run_config_imports_no_torch():
+    """The run config, its resolution and every component config they compose live in torch-free
+    modules: reading a TOML loads no torch (a package __init__ that re-exports torch code would)."""
+    code = ("import sys\n"
+            "import memr1.engine.config.resolve\n"
+            "from memr1.engine.config.run import load_config\n"
+            "for path in sys.argv[1:]:\n"
+            "    load_config(path)\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm'))\n"
+            "assert not heavy, f'imported {heavy[:5]}'\n")
+    configs = sorted(str(p) for p in (ROOT / "configs").glob("*.toml"))
+    out = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -15,8 +15,9 @@ import pytest
 from safetensors.torch import load_file
 
 from memr1.engine import train as train_mod
-from memr1.engine.checkpoint import latest_checkpoint
-from memr1.engine.config import ConfigError, load_config
+from memr1.engine.checkpoints.io import latest_checkpoint
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.run import load_config
 from run_helpers import overrides, rows
 from tiny_model import tiny_llama
 
@@ -102,7 +103,7 @@ def test_two_ranks_with_vllm_engines_in_the_trainers_group(tmp_path):
                                   ["--standalone", "--nproc_per_node", "2"]),
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    # vLLM's own INFO line: in the run's log, not on the quiet terminal (engine/quiet.py)
+    # vLLM's own INFO line: in the run's log, not on the quiet terminal (engine/observe/quiet.py)
     assert "Using external launcher for distributed inference" in (run / "run.log").read_text()
     assert "Using external launcher for distributed inference" not in out.stdout + out.stderr
     assert [(r["stage"], r["step"]) for r in rows(run)] == [("manager", 1), ("answer", 1)]

@@ -11,9 +11,10 @@ from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import safe_name
 from memr1.rl.data import load_conversations
-from memr1.rl.eval import EvalConfig, Task, evaluate, table, write_report
+from memr1.rl.eval import EvalConfig, evaluate, table, write_report
 from memr1.rl.eval_report import match_facts
 from memr1.rl.judge import Judge, JudgeConfig
+from memr1.rl.turns import Task
 
 CONVS = load_conversations(None, n=3, seed=0)   # three synthetic conversations with oracles
 

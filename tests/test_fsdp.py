@@ -9,9 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from memr1.engine.generation.weights import ManifestStream, checkpoint_manifest
-from memr1.engine.learner import Learner, LearnerConfig
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
+from memr1.rl.algos.config import LossConfig
 from memr1.rl.records import TrainBatch
-from memr1.rl.losses import LossConfig
 
 from learner_helpers import make_batch
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff
-from memr1.engine.generation import GeneratorConfig, make_generator
+from memr1.engine.generation import make_generator
 from memr1.engine.generation.base import cut_at_stop
+from memr1.engine.generation.config import GeneratorConfig
 from memr1.rl.generation import SamplingConfig
 from manifest_cases import bad_manifests, recording_producer
 
@@ -243,8 +244,8 @@ def test_checkpoint_manifest_reads_headers(tiny):
 def test_fast_dtype_is_bf16_only_where_the_hardware_has_it(tiny, monkeypatch, native):
     """generator.dtype = "fast": bf16 on hardware that multiplies it natively, else the checkpoint's
     dtype (the tiny checkpoint is fp32)."""
-    from memr1.engine import throughput
-    from memr1.engine.generation.base import engine_dtype
+    from memr1.engine.generation.config import engine_dtype
+    from memr1.engine.observe import throughput
     monkeypatch.setattr(throughput, "native_bf16", lambda device="cpu": native)
     assert engine_dtype("fast") == ("bfloat16" if native else "auto") and engine_dtype("float32") == "float32"
     _, folder = tiny

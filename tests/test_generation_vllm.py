@@ -9,9 +9,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 pytest.importorskip("vllm")
 
-from memr1.engine.generation import GeneratorConfig, default_model_path, make_generator  # noqa: E402
-from memr1.rl.generation import SamplingConfig  # noqa: E402
 from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff  # noqa: E402
+from memr1.engine.generation import default_model_path, make_generator  # noqa: E402
+from memr1.engine.generation.config import GeneratorConfig  # noqa: E402
+from memr1.rl.generation import SamplingConfig  # noqa: E402
 from manifest_cases import bad_manifests, recording_producer  # noqa: E402
 
 QUESTION = [[{"role": "user", "content": "What is the capital of France?"}]]

@@ -1,7 +1,8 @@
 """A tiny GRPO run: reward 1 when the completion contains a target token; the mean reward must rise."""
 import torch
 
-from memr1.engine.learner import Learner, LearnerConfig
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
 from memr1.rl.records import Group, TrainBatch
 
 

@@ -1,14 +1,14 @@
-"""engine.learner on a tiny random Llama: log-probs, micro-batching, prompt sharing, packing, the
+"""engine.training.learner on a tiny random Llama: log-probs, micro-batching, prompt sharing, packing, the
 warm start's scripted replies, bad input, weight export."""
 import math
 
 import pytest
 import torch
 
-from memr1.engine.batching import build_micro, micro_count, split_units, units_of
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.rl.algos import PPOConfig
-from memr1.rl.losses import LossConfig
+from memr1.engine.training.batching import build_micro, micro_count, split_units, units_of
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
+from memr1.rl.algos.config import LossConfig, PPOConfig
 from memr1.rl.records import Group, TrainBatch
 from learner_helpers import VOCAB, make_batch
 

@@ -9,8 +9,9 @@ import pytest
 
 import torch
 
-from memr1.engine.dist import agree_rollouts
-from memr1.engine.loop import Loop, LoopConfig, RolloutError
+from memr1.engine.config.run import LoopConfig
+from memr1.engine.loop import Loop, RolloutError
+from memr1.engine.training.dist import agree_rollouts
 from memr1.rl.records import Group, Rollout, TrainBatch
 from loop_fakes import FakeGenerator, FakeLearner, FakeStage
 

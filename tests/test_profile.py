@@ -7,12 +7,15 @@ import time
 import pytest
 import torch
 
-from memr1.engine.config import ConfigError, load_config
-from memr1.engine.generation import GeneratorConfig, make_generator
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.engine.loop import Loop, LoopConfig
-from memr1.engine.profiling import StepProfiler
-from memr1.engine.traces import summarize_trace
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.run import LoopConfig, load_config
+from memr1.engine.generation import make_generator
+from memr1.engine.generation.config import GeneratorConfig
+from memr1.engine.loop import Loop
+from memr1.engine.observe.profiling import StepProfiler
+from memr1.engine.observe.traces import summarize_trace
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
 from memr1.memory_store import HashEmbedder
 from memr1.rl import spans
 from memr1.rl.agents.answer import AnswerConfig
@@ -24,6 +27,7 @@ from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_ban
 from memr1.rl.records import Rollout
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import ManagerStage, StageConfig
+from memr1.rl.turns import Task
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=8)
 
@@ -36,7 +40,8 @@ def test_one_tiny_cpu_step_traces_every_named_range(tmp_path, tiny_model):
     items = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), seed=0)
     gen_cfg = GeneratorConfig(backend="hf", model=str(folder), max_model_len=2048)
     stage = ManagerStage(items, make_generator(gen_cfg), embedder, StageConfig(prompts_per_step=2, group_size=2),
-                         SamplingConfig(max_new_tokens=8), MANAGER, AnswerConfig(max_new_tokens=4), RewardConfig())
+                         SamplingConfig(max_new_tokens=8), Task(manager=MANAGER, answer=AnswerConfig(max_new_tokens=4)),
+                         RewardConfig())
     learner = Learner(LearnerConfig(), str(folder), lr=1e-4)
     prof = StepProfiler([1], tmp_path / "profile" / "manager")
     metrics = []

@@ -7,7 +7,7 @@ import sys
 SCRIPT = """
 import logging, sys, warnings
 from pathlib import Path
-from memr1.engine import quiet
+from memr1.engine.observe import quiet
 quiet.setup(loud=sys.argv[2] == "loud")
 quiet.log_to(Path(sys.argv[1]))
 log = logging.getLogger("vllm.model_executor.models.utils")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from memr1.engine import figures, report, throughput
 from memr1.engine.cli import main
+from memr1.engine.observe import figures, report, throughput
 from report_fixture import eval_report, make_run
 
 PLOTS = ("learning_curves", "op_mix", "step_time", "eval_categories", "eval_deltas", "latency")
@@ -134,7 +134,7 @@ def test_throughput_shares_rates_and_mfu():
 
 
 def test_smoothing_averages_short_runs_too():
-    from memr1.engine.figures import smooth
+    from memr1.engine.observe.figures import smooth
     y = np.array([0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0, 3.0, 0.0])  # a 15-step stage
     s = smooth(y)
     assert s.shape == y.shape and s[0] == y[0]

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from memr1.engine import checkpoint
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.rl.losses import LossConfig
+from memr1.engine.checkpoints import io as checkpoint
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
+from memr1.rl.algos.config import LossConfig
 
 from learner_helpers import make_batch
 

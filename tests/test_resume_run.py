@@ -12,7 +12,7 @@ import pytest
 
 from memr1.engine import train as train_mod
 from memr1.engine.cli import main as cli_main
-from memr1.engine.config import load_config
+from memr1.engine.config.run import load_config
 from run_helpers import overrides, rows
 
 
@@ -83,7 +83,7 @@ def test_sigterm_in_each_stage_then_resume_logs_every_step_once(tiny_model, tmp_
 KILLER = """
 import json, os, signal, sys
 from memr1.engine import train as t
-from memr1.engine.config import load_config
+from memr1.engine.config.run import load_config
 
 class Killed(t.RunLog):
     def __call__(self, m):

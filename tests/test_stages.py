@@ -7,27 +7,31 @@ import msgspec
 import pytest
 import torch
 
-from memr1.engine.generation import GeneratorConfig, make_generator
-from memr1.engine.learner import Learner, LearnerConfig
-from memr1.engine.loop import Loop, LoopConfig
+from memr1.engine.config.run import LoopConfig
+from memr1.engine.generation import make_generator
+from memr1.engine.generation.config import GeneratorConfig
+from memr1.engine.loop import Loop
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.learner import Learner
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import oracle_facts, run_manager
 from memr1.rl.data import load_conversations
-from memr1.rl.eval import EvalConfig, Task, evaluate
+from memr1.rl.eval import EvalConfig, evaluate
 from memr1.rl.eval_report import oracle_scores
 from memr1.rl.generation import Completion, SamplingConfig
 from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
-from memr1.rl.turns import decide, manager_turns
+from memr1.rl.turns import Task, decide, manager_turns
 from memr1.rl.warm import manager_target
 
 FAST = StageConfig(prompts_per_step=2, group_size=2)
 SAMPLING = SamplingConfig(max_new_tokens=12)
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=12)
 ANSWER = AnswerConfig(top_k_per_speaker=5, max_new_tokens=6)
+TASK = Task(manager=MANAGER, answer=ANSWER)
 REWARD = RewardConfig()
 
 
@@ -50,7 +54,7 @@ def setup(tiny_model):
 
 
 def manager_stage(items, frozen, embedder, cfg=FAST, rank=0, world=1, reward=REWARD):
-    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, MANAGER, ANSWER, reward, None, rank, world)
+    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, TASK, reward, None, rank, world)
 
 
 @pytest.mark.parametrize("stage_name", ["manager", "answer"])
@@ -62,7 +66,7 @@ def test_one_step_end_to_end(setup, stage_name, k):
     if stage_name == "manager":
         stage = manager_stage(manager_items_, make_generator(gen_cfg), embedder)
     else:
-        stage = AnswerStage(answer_items_, embedder, FAST, SAMPLING, ANSWER, REWARD)
+        stage = AnswerStage(answer_items_, embedder, FAST, SAMPLING, TASK, REWARD)
     metrics = []
     out = Loop(stage, policy, learner, LoopConfig(max_staleness=k), 2, metrics.append).run()
     assert out["steps_done"] == 2 and policy.weight_version == 2
@@ -167,10 +171,10 @@ def test_the_training_and_eval_paths_build_the_same_answer_prompts(setup, tmp_pa
     _, _, embedder, _, answer_items_, convs = setup
     train_gen = ScriptedGenerator(["Answer: x"])
     AnswerStage(answer_items_, embedder, StageConfig(prompts_per_step=len(answer_items_), group_size=1), SAMPLING,
-                ANSWER, REWARD).rollout(0, train_gen)
+                TASK, REWARD).rollout(0, train_gen)
     eval_gen = ScriptedGenerator(["Answer: x"])
-    evaluate(convs, "train", eval_gen, embedder, EvalConfig(baseline="oracle", progress=False),
-             task=Task(answer=ANSWER), cache_dir=tmp_path)
+    evaluate(convs, "train", eval_gen, embedder, EvalConfig(baseline="oracle", progress=False), task=TASK,
+             cache_dir=tmp_path)
     assert sorted(map(json.dumps, train_gen.prompts)) == sorted(map(json.dumps, eval_gen.prompts))
 
 
@@ -183,7 +187,7 @@ def test_rank_shares_make_up_the_single_process_batch(setup, stage_name):
     def make(rank, world):
         if stage_name == "manager":
             return manager_stage(manager_items_, ScriptedGenerator(["Answer: nothing"]), embedder, cfg, rank, world)
-        return AnswerStage(answer_items_, embedder, cfg, SAMPLING, ANSWER, REWARD, None, rank, world)
+        return AnswerStage(answer_items_, embedder, cfg, SAMPLING, TASK, REWARD, None, rank, world)
 
     for step in (0, 1):
         single = make(0, 1).rollout(step, ScriptedGenerator(texts)).batch.groups

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from memr1.engine.checkpoint import final_checkpoint, latest_checkpoint
-from memr1.engine.config import load_config
-from memr1.engine.plan import plan_text
-from memr1.engine.resolve import budget_warnings
+from memr1.engine.checkpoints.io import final_checkpoint, latest_checkpoint
+from memr1.engine.config.plan import plan_text
+from memr1.engine.config.resolve import budget_warnings
+from memr1.engine.config.run import load_config
 from memr1.engine.train import train
 from run_helpers import overrides, rows
 

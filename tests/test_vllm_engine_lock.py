@@ -42,8 +42,8 @@ class FakeLLM:
 
 
 def test_every_engine_call_holds_the_process_wide_lock():
-    from memr1.engine.generation import GeneratorConfig
     from memr1.engine.generation import vllm_backend as vb
+    from memr1.engine.generation.config import GeneratorConfig
     from memr1.rl.generation import SamplingConfig
 
     gen = object.__new__(vb.VLLMGenerator)   # no engine: only the call paths are under test

@@ -4,7 +4,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from memr1.engine.generation.backend import Backend
-from memr1.engine.generation.base import GeneratorConfig
+from memr1.engine.generation.config import GeneratorConfig
 from memr1.engine.generation.weights import (ManifestStream, buckets, check_manifest, check_named_tensors, push_weights,
                                              stream)
 

@@ -1,13 +1,20 @@
-"""Generation backends for the contract in `memr1.rl.generation`: a vLLM backend (production) and a
-transformers backend (reference), both on `backend.Backend`. `make_generator(cfg)` picks and builds one."""
+"""generation/: the engines that sample completions, for the contract in `memr1.rl.generation`.
+
+Owns: the settings (config.py, no torch), a vLLM backend (production) and a transformers backend
+(reference), both on backend.Backend with the shared input checks of base.py; the embedded default
+model (model.py); streaming weight updates (weights.py); the weight-swapping engine that serves several
+checkpoints (swap.py) and the lock a rollout's policy calls hold (locked.py).
+`make_generator(cfg)` picks and builds one backend; it and this file import no torch until called.
+May import: rl/, observe/. Never config/, training/, checkpoints/ or the top layer.
+"""
 import importlib.util
 from pathlib import Path
 
-from memr1.engine.generation.base import GeneratorConfig, check_config
+from memr1.engine.generation.config import GeneratorConfig, check_config
 from memr1.engine.generation.model import cache_root, default_model_path
 from memr1.rl.generation import Generator
 
-__all__ = ["GeneratorConfig", "make_generator", "default_model_path", "resolve_model"]
+__all__ = ["make_generator", "default_model_path", "resolve_model"]
 
 
 def resolve_model(name: str) -> Path:

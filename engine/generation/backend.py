@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from memr1.engine.generation.base import NEEDS_WEIGHTS, GeneratorConfig, check_sampling, tokenize_prompts
+from memr1.engine.generation.base import NEEDS_WEIGHTS, check_sampling, tokenize_prompts
+from memr1.engine.generation.config import GeneratorConfig
 from memr1.engine.generation.weights import ManifestStream, check_named_tensors, stream
 from memr1.rl.generation import Completion, SamplingConfig
 

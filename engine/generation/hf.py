@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from memr1.engine.generation.backend import Backend, Sample
-from memr1.engine.generation.base import GeneratorConfig, cut_at_stop, engine_dtype
+from memr1.engine.generation.base import cut_at_stop
+from memr1.engine.generation.config import GeneratorConfig, engine_dtype
 from memr1.rl.generation import SamplingConfig
 
 DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

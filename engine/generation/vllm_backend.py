@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from memr1.engine import quiet
 from memr1.engine.generation.backend import Backend, Sample
-from memr1.engine.generation.base import GeneratorConfig, engine_dtype
+from memr1.engine.generation.config import GeneratorConfig, engine_dtype
 from memr1.engine.generation.weights import checkpoint_manifest
+from memr1.engine.observe import quiet
 from memr1.rl.generation import SamplingConfig
 
 

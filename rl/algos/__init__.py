@@ -1,7 +1,3 @@
-"""RL algorithms: how rewards become advantages (GRPO) or advantages plus value targets (PPO)."""
-from memr1.rl.algos.grpo import (GRPOConfig, dr_grpo, drop_zero_advantage_groups, group_advantages, grpo_advantages,
-                                 token_advantages)
-from memr1.rl.algos.ppo import Critic, PPOConfig, ppo_targets, ppo_token_targets
-
-__all__ = ["GRPOConfig", "dr_grpo", "drop_zero_advantage_groups", "group_advantages", "grpo_advantages",
-           "token_advantages", "Critic", "PPOConfig", "ppo_targets", "ppo_token_targets"]
+"""RL algorithms: how rewards become advantages (GRPO, grpo.py) or advantages plus value targets (PPO,
+ppo.py); their settings and the loss's are config.py, which imports no torch. Import the modules
+themselves: this file re-exports nothing, so reading a config never loads torch through it."""

@@ -5,39 +5,15 @@ groups that carry no signal left out (`drop_zero_advantage_groups`), and each se
 broadcast to its tokens in a micro-batch (`token_advantages`).
 
 The std convention is explicit because peers differ silently (verl: unbiased, torchtitan: population,
-Dr.GRPO: none). Dr.GRPO also needs a length-independent aggregation, see `dr_grpo`.
+Dr.GRPO: none). Dr.GRPO also needs a length-independent aggregation, see `config.dr_grpo`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-import msgspec
-from msgspec import Meta
 import torch
 
 from memr1 import kernels
-from memr1.rl.losses import LossConfig
+from memr1.rl.algos.config import GRPOConfig
 from memr1.rl.records import TrainBatch
-
-
-class GRPOConfig(msgspec.Struct, frozen=True, kw_only=True):
-    std: Literal["unbiased", "population", "none"] = "unbiased"
-    baseline: Literal["mean", "loo"] = "mean"
-    eps: Annotated[float, Meta(gt=0)] = 1e-6
-
-    def __post_init__(self):
-        if self.std not in ("unbiased", "population", "none"):
-            raise ValueError(f"GRPOConfig.std={self.std!r}; expected unbiased, population or none")
-        if self.baseline not in ("mean", "loo"):
-            raise ValueError(f"GRPOConfig.baseline={self.baseline!r}; expected mean or loo")
-
-
-def dr_grpo(horizon: int, loss: LossConfig | None = None) -> tuple[GRPOConfig, LossConfig]:
-    """Dr.GRPO (Liu et al. 2025): no std scaling and a constant-length token sum, so neither the
-    question's difficulty nor the answer's length reweights the gradient."""
-    loss = loss or LossConfig()
-    return GRPOConfig(std="none"), msgspec.structs.replace(loss, aggregation="seq-mean-token-sum-norm",
-                                                           horizon=horizon)
 
 
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: GRPOConfig,

@@ -9,22 +9,14 @@ and returns per token, whitened with moments summed over the ranks (scalars only
 from __future__ import annotations
 
 import math
-from typing import Annotated, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import msgspec
 import torch
-from msgspec import Meta
 from torch import nn
 
 from memr1 import kernels
-
-
-class PPOConfig(msgspec.Struct, frozen=True, kw_only=True):
-    gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
-    whiten: bool = True     # normalise advantages over the batch
-    critic_lr: Annotated[float, Meta(gt=0)] = 1e-5
-    critic_warmup: Annotated[int, Meta(ge=0)] = 0  # first steps train only the critic (the actor's update is skipped)
+from memr1.rl.algos.config import PPOConfig
 
 
 class Critic(nn.Module):
@@ -65,7 +57,8 @@ def ppo_targets(seq_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Ten
 
 
 class TokenIndex(Protocol):
-    """Where a micro-batch's trained tokens sit in the rank's batch (engine/batching.py's Micro is one)."""
+    """Where a micro-batch's trained tokens sit in the rank's batch (engine/training/batching.py's Micro
+    is one)."""
     seq_ids: torch.Tensor   # [M] each token's sequence, local to the micro-batch
     pos_in_seq: torch.Tensor  # [M] each token's position within its response
     gseq: torch.Tensor      # [S] each local sequence's index in the rank's batch

@@ -1,4 +1,5 @@
-"""The learner's settings (`[learner]` in a run config); engine/learner.py runs them."""
+"""The learner's settings (`[learner]` in a run config); training/learner.py runs them. Imports no torch:
+the run config composes it, and reading a config must not load torch."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -6,8 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.algos import GRPOConfig, PPOConfig
-from memr1.rl.losses import LossConfig
+from memr1.rl.algos.config import GRPOConfig, LossConfig, PPOConfig
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -19,7 +19,7 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # AVX512-BF16), else fp32. GPUs always compute in bf16.
     cpu_precision: Literal["fp32", "bf16", "fast"] = "fp32"
     attn_impl: str = "auto"            # auto: flash_attention_2 if installed, else sdpa (the rows layout
-                                       # always runs engine/prefix_attention.py, which is SDPA-based)
+                                       # always runs training/prefix_attention.py, which is SDPA-based)
     warmup_steps: Annotated[int, Meta(ge=0)] = 0       # linear warmup, then constant
     weight_decay: Annotated[float, Meta(ge=0)] = 0.0
     betas: tuple[Annotated[float, Meta(ge=0, lt=1)], Annotated[float, Meta(ge=0, lt=1)]] = (0.9, 0.999)

@@ -23,12 +23,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from memr1.engine import dist as dist_utils, learner_state, prefix_attention
-from memr1.engine.batching import Plan, build_micro, micro_count, split_units, units_of
-from memr1.engine.learner_config import LearnerConfig
-from memr1.engine.policy import PolicyModel, adamw, freeze_below, load_lm, warmup_schedule
-from memr1.engine.throughput import bf16_peak, native_bf16
-from memr1.rl.algos import Critic, drop_zero_advantage_groups, group_advantages, ppo_token_targets, token_advantages
+from memr1.engine.observe.throughput import bf16_peak, native_bf16
+from memr1.engine.training import dist as dist_utils, prefix_attention, state as learner_state
+from memr1.engine.training.batching import Plan, build_micro, micro_count, split_units, units_of
+from memr1.engine.training.config import LearnerConfig
+from memr1.engine.training.policy import PolicyModel, adamw, freeze_below, load_lm, warmup_schedule
+from memr1.rl.algos.grpo import drop_zero_advantage_groups, group_advantages, token_advantages
+from memr1.rl.algos.ppo import Critic, ppo_token_targets
 from memr1.rl.losses import Denom, kl_penalty, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
 from memr1.rl.spans import span
@@ -64,7 +65,7 @@ class Learner:
         if cfg.train_layers:
             freeze_below(lm, cfg.train_layers)
         self.hf_config = lm.config
-        # For MFU (engine/throughput.py): the parameters in GEMMs (all but the input embedding, whose
+        # For MFU (observe/throughput.py): the parameters in GEMMs (all but the input embedding, whose
         # lookup is no GEMM; a tied lm_head counts), taken before sharding; the GPUs' bf16 peak.
         head, emb = lm.get_output_embeddings(), lm.get_input_embeddings()
         tied = head is not None and head.weight is emb.weight
@@ -249,7 +250,7 @@ class Learner:
 
     # -- state -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything a resume needs, as full tensors (engine/learner_state.py lists the entries). A
+        """Everything a resume needs, as full tensors (state.py lists the entries). A
         collective: every rank calls it; with a process group only rank 0's holds the tensors. On an
         unsharded CPU model they are the live tensors, which the next step changes."""
         critic = (self.critic, self.critic_optim, self.critic_sched) if self.critic is not None else ()
@@ -290,9 +291,9 @@ class Learner:
     def save_checkpoint(self, stage_dir: str, step: int, data_state: dict | None = None, model_dir: str = "") -> str:
         """`checkpoints/step_<step>/` under `stage_dir`, named by the caller's (the loop's) step.
         `model_dir`: where tokenizer files and the generation config come from (see checkpoint.save)."""
-        from memr1.engine import checkpoint
+        from memr1.engine.checkpoints import io as checkpoint
         return checkpoint.save(self, stage_dir, step, data_state or {}, model_dir)
 
     def load_checkpoint(self, path: str) -> dict:
-        from memr1.engine import checkpoint
+        from memr1.engine.checkpoints import io as checkpoint
         return checkpoint.load(self, path)

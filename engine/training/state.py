@@ -1,6 +1,6 @@
 """The learner's state as full (unsharded) tensors, and back: FSDP2's state-dict plumbing.
 
-What `Learner.state_dict()` returns and `load_state_dict` takes (engine/checkpoint.py writes each
+What `Learner.state_dict()` returns and `load_state_dict` takes (checkpoints/io.py writes each
 entry to its own file):
   config      the HF config (an object from `state_dict`; a loaded config.json's dict is accepted)
   model       the policy's full weights by HF name, the tied lm_head left out

@@ -1,11 +1,11 @@
 """One config resolution: everything derived from the run config is computed here, once, from the
 fields the user set, and nothing downstream overwrites a user field.
 
-Derived: the run directory; the base model's folder; the ranks; each stage's learner config (its
-algorithm preset, its role's token horizon), start weights and per-rank prompts; the rollout sampling
-of each role; the run seed, which feeds every RNG (items order, each engine's sampler, the learner);
-and the problems a plan must show (prompts that do not divide over the ranks, budgets that can cut
-a distillation).
+Derived: the run directory; the base model's folder; the ranks; the task (the agents' settings, one
+record for training and evaluation); each stage's learner config (its algorithm preset, its role's
+token horizon), start weights and per-rank prompts; the rollout sampling of each role; the run seed,
+which feeds every RNG (items order, each engine's sampler, the learner); and the problems a plan must
+show (prompts that do not divide over the ranks, budgets that can cut a distillation).
 """
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.config import RunConfig, stage_config, stage_name
-from memr1.engine.learner import LearnerConfig
+from memr1.engine.config.run import RunConfig
+from memr1.engine.config.stages import stage_config, stage_name
+from memr1.engine.training.config import LearnerConfig
 from memr1.rl.agents.answer import reply_bound
-from memr1.rl.algos import dr_grpo
+from memr1.rl.algos.config import dr_grpo
 from memr1.rl.generation import SamplingConfig
 from memr1.rl.stages import StageConfig
+from memr1.rl.turns import Task
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Resolved:
     base_model: Path | None     # None only when planning for a model that is not on this machine
     rank: int
     world: int
+    task: Task                  # cfg's extract, manager and answer settings, built once per run
 
     @property
     def seed(self) -> int:
@@ -39,7 +42,7 @@ class Resolved:
         return stage_config(self.cfg, name)
 
     def max_new_tokens(self, role: str) -> int:
-        return self.cfg.manager.max_new_tokens if role == "manager" else self.cfg.answer.max_new_tokens
+        return self.task.manager.max_new_tokens if role == "manager" else self.task.answer.max_new_tokens
 
     def rollout_sampling(self, role: str) -> SamplingConfig:
         r = self.cfg.rollout
@@ -102,5 +105,5 @@ def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model:
         if need_model:
             raise
         base = None
-    return Resolved(cfg, cfg.resolved_run_dir(), base, rank, world)
+    return Resolved(cfg, cfg.resolved_run_dir(), base, rank, world, Task(cfg.extract, cfg.manager, cfg.answer))
 

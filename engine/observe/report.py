@@ -14,8 +14,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from memr1.engine import figures, throughput
-from memr1.engine.traces import profile_section
+from memr1.engine.observe import figures, throughput
+from memr1.engine.observe.traces import profile_section
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.stats import bootstrap_mean, paired_bootstrap
 

@@ -9,7 +9,7 @@ Layout of one checkpoint, a self-contained HF model folder (`from_pretrained`, v
                                     can resume on another world size; critic*.pt likewise for PPO
   rng_rank<R>.pt                    torch / python / numpy (/ cuda) generator states of each rank
   state.json                        the loop's step, weight version, the caller's data cursor
-  manifest.json                     every file's size and SHA-256, written last (checkpoint_files.py)
+  manifest.json                     every file's size and SHA-256, written last (files.py)
 Every .pt file holds tensors and plain containers only and is read with `weights_only=True`, so a
 crafted checkpoint cannot run code on resume.
 
@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from memr1.engine.checkpoint_files import CheckpointError, best_step, newest_whole, verify, write_manifest
+from memr1.engine.checkpoints.files import CheckpointError, best_step, newest_whole, verify, write_manifest
+from memr1.engine.config.stages import stage_name
 
 
 def latest_checkpoint(stage_dir) -> Path | None:
@@ -58,7 +59,6 @@ def final_checkpoint(stage_dir) -> Path | None:
 def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:
     """role ("manager" / "answer") -> the final checkpoint of its last stage in `stages` that has one
     (a "<role>_control" stage is a control beside the policy, never the role's policy)."""
-    from memr1.engine.config import stage_name   # the config imports the learner, which imports this module
     out = {}
     for name in stages:
         if stage_name(name).kind != "control" and (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:

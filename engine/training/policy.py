@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from memr1 import kernels
-from memr1.engine.dist import decoder_layers
+from memr1.engine.training.dist import decoder_layers
 
 
 class PolicyModel(nn.Module):
@@ -30,7 +30,7 @@ class PolicyModel(nn.Module):
 
 def load_lm(path: str, attn: str, checkpointing: bool, device: torch.device, head: bool = True) -> nn.Module:
     """The HF model at `path` in fp32 (the causal LM, or its backbone alone with head=False), with the
-    attention implementation named `attn` (transformers' name, or engine/prefix_attention.py's)."""
+    attention implementation named `attn` (transformers' name, or prefix_attention.py's)."""
     from transformers import AutoModel, AutoModelForCausalLM
     cls = AutoModelForCausalLM if head else AutoModel
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)

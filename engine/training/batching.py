@@ -8,7 +8,7 @@ every rank (FSDP collectives must line up), so the learner agrees on it with one
 Two layouts. "packed": all sequences of a micro-batch in one row, boundaries from position_ids, for
 backends with variable-length kernels (flash_attention_2); no padding at all. "rows": one row per
 unit, padded up to a multiple of `pad_bucket` (few distinct shapes), described by a PrefixLayout for
-memr1's prefix attention (engine/prefix_attention.py, over SDPA). With prompt sharing a unit is a whole
+memr1's prefix attention (prefix_attention.py, over SDPA). With prompt sharing a unit is a whole
 group: the row holds the prompt once, then each response, and each response attends to the prompt
 and to itself only. Causality makes this exact, and the prompt is computed once instead of G times
 (and counts once against the token budget). Without sharing (or packed) a unit is one prompt + response.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memr1.engine.prefix_attention import PrefixLayout, layout
+from memr1.engine.training.prefix_attention import PrefixLayout, layout
 from memr1.rl.records import TrainBatch
 
 

@@ -1,12 +1,40 @@
-"""Messages for config values msgspec refuses: the dotted key, the value given, what is allowed (the
-whole range from the field's `Meta`, not only the bound that failed), and who gave it: the file, or
-the `key=value` override that set it."""
+"""Config errors: `ConfigError`, unknown keys refused at every depth, and messages for values msgspec
+refuses: the dotted key, the value given, what is allowed (the whole range from the field's `Meta`,
+not only the bound that failed), and who gave it: the file, or the `key=value` override that set it."""
 from __future__ import annotations
 
 import re
 
 import msgspec
 import msgspec.inspect as mi
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the file, key and value."""
+
+
+def check_keys(raw: dict, struct_type, where: str, prefix: str = "") -> None:
+    """Every key must be a field of the Struct it lands in (recursively)."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(struct_type)}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {dotted!r}; known here: {', '.join(sorted(fields))}")
+        sub = _struct_type(fields[key].type)
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {dotted!r} is a section; got the value {value!r}")
+            check_keys(value, sub, where, dotted + ".")
+        elif isinstance(value, dict) and not _allows_table(fields[key].type):
+            raise ConfigError(f"{where}: {dotted!r} is a value, not a section; got {value!r}")
+
+
+def _allows_table(tp) -> bool:
+    return tp is dict or getattr(tp, "__origin__", None) is dict
+
+
+def _struct_type(tp):
+    return tp if isinstance(tp, type) and issubclass(tp, msgspec.Struct) else None
 
 
 def _parts(path: str) -> list:

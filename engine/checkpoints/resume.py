@@ -6,7 +6,7 @@ key (or a section above it, e.g. `stage.manager`). A change the checkpoints cann
 even then. `profile.*` may change freely: it traces steps and changes nothing that is trained.
 
 Checkpoints and logs: each stage resumes from its newest checkpoint that verifies (falling back past
-damaged ones, see checkpoint_files.py), and metrics.jsonl keeps, of each stage, only the lines up to
+damaged ones, see files.py), and metrics.jsonl keeps, of each stage, only the lines up to
 that checkpoint's step (none for a stage without one), so a step trained again is logged once.
 """
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.checkpoint_files import usable_checkpoint
-from memr1.engine.config import ConfigError, RunConfig
-from memr1.engine.runlog import truncate_metrics
+from memr1.engine.checkpoints.files import usable_checkpoint
+from memr1.engine.config.errors import ConfigError
+from memr1.engine.config.run import RunConfig
+from memr1.engine.observe.runlog import truncate_metrics
 
 FREE = ("profile",)
 FIXED = {"learner.algo": "the checkpoints hold this algorithm's optimizer (and critic) state",

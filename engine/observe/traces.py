@@ -1,4 +1,4 @@
-"""Read the Chrome-trace JSON that engine/profiling.py writes: the time in each named range (rl/spans.py)
+"""Read the Chrome-trace JSON that profiling.py writes: the time in each named range (rl/spans.py)
 and the top operators by self time (and, from a CUDA trace, the top kernels)."""
 import json
 from collections import defaultdict

@@ -7,8 +7,9 @@ import os
 
 import torch
 
-from memr1.engine.config import RunConfig, stage_config, stage_name
-from memr1.engine.resolve import budget_warnings, problems
+from memr1.engine.config.resolve import budget_warnings, problems
+from memr1.engine.config.run import RunConfig
+from memr1.engine.config.stages import stage_config, stage_name
 from memr1.rl.agents.answer import reply_bound
 
 GiB = 2**30

@@ -1,26 +1,28 @@
 """The run config: one msgspec Struct composed of the component configs, read from TOML with dotted
 `key=value` overrides, and written back as TOML into the run dir.
 
-Each component keeps its config next to its code (GeneratorConfig in engine/generation, ManagerConfig
-in rl/agents, EvalConfig in rl/eval, ...); this file only composes them. Unknown keys are errors at
-every depth, with the dotted key and the file named, so a typo never silently falls back to a default.
+Each component keeps its config next to its code, in a module that imports no torch (GeneratorConfig
+in engine/generation/config.py, LearnerConfig in engine/training/config.py, ManagerConfig in
+rl/agents, EvalConfig in rl/eval, ...), so reading a config costs no torch import; this file only
+composes them, with the run-level settings that belong to no component folder (data, banks, rollout
+sampling, the loop). Unknown keys are errors at every depth, with the dotted key and the file named, so
+a typo never silently falls back to a default.
 """
-import functools
 import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from memr1.engine.checkpoint_files import CheckpointConfig
-from memr1.engine.config_errors import validation_message
-from memr1.engine.generation import GeneratorConfig
-from memr1.engine.learner import LearnerConfig
-from memr1.engine.loop import LoopConfig
-from memr1.engine.profiling import ProfileConfig
+from memr1.engine.checkpoints.files import CheckpointConfig
+from memr1.engine.config.errors import ConfigError, check_keys, validation_message
+from memr1.engine.config.stages import STAGES, StagesConfig, stage_name
+from memr1.engine.generation.config import GeneratorConfig
+from memr1.engine.observe.profiling import ProfileConfig
+from memr1.engine.training.config import LearnerConfig
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
@@ -28,11 +30,6 @@ from memr1.rl.eval import EvalConfig
 from memr1.rl.items import ItemsConfig
 from memr1.rl.judge import JudgeConfig
 from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import StageConfig
-
-
-class ConfigError(ValueError):
-    """A config file or override is malformed; the message names the file, key and value."""
 
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -54,56 +51,20 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     top_k: Annotated[int, Meta(ge=-1)] = -1           # -1: off; 0 is refused in `check`
 
 
-class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Per-stage settings; `RunConfig.stages` says which run, in which order."""
-    manager: StageConfig = msgspec.field(default_factory=StageConfig)
-    answer: StageConfig = msgspec.field(default_factory=StageConfig)
-    manager_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
-    answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
-    # Stage 1's frozen answer agent: "latest" = this run's newest answer-agent checkpoint when one
-    # exists (an answer stage ran before the manager's), else the base model; "base"; or a checkpoint.
-    frozen_answer: str = "latest"
-    # The manager that builds the answer stage's banks when items.answer_banks = "manager": "latest" =
-    # this run's newest manager checkpoint, else the base model; "base"; or a checkpoint.
-    bank_manager: str = "latest"
-
-
-# A "<role>_control" stage is the supervised control of that role's RL stage (see `stage_config`).
-STAGES = ("manager_warm", "manager", "manager_control", "answer_warm", "answer", "answer_control")
-
-
-class StageName(NamedTuple):
-    """A stage's identity, parsed from its name by `stage_name` and nowhere else."""
-    role: str    # "manager" | "answer": whose weights it trains
-    kind: str    # "rl"; "warm" (the supervised warm start); "control" (the RL stage's supervised control)
-
-    @property
-    def supervised(self) -> bool:
-        """It trains scripted oracle replies (a warm start or a control), not sampled ones."""
-        return self.kind != "rl"
-
-    def of(self, kind: str) -> str:
-        """The name of this role's stage of `kind`."""
-        return self.role if kind == "rl" else f"{self.role}_{kind}"
-
-
-@functools.cache
-def stage_name(name: str) -> StageName:
-    if name not in STAGES:
-        raise ConfigError(f"unknown stage {name!r}; use {', '.join(STAGES)}")
-    role, _, kind = name.partition("_")
-    return StageName(role, kind or "rl")
-
-
-def stage_config(cfg: "RunConfig", name: str) -> StageConfig:
-    """A stage's settings. A control's are derived, not set: the warm start's supervised loss and lr,
-    continued from the warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply
-    each), so it sees exactly the prompts RL saw, with the oracle's reply instead of a reward."""
-    n = stage_name(name)
-    if n.kind == "control":
-        rl, warm = getattr(cfg.stage, n.of("rl")), getattr(cfg.stage, n.of("warm"))
-        return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
-    return getattr(cfg.stage, name)
+class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How engine/loop.py runs a stage. Here, not in loop.py, because the loop imports torch (weight syncs)."""
+    max_staleness: Annotated[int, Meta(ge=0)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
+    sync_every: Annotated[int, Meta(ge=1)] = 1      # push weights to the generator every n learner steps
+    on_rollout_error: Literal["stop", "skip"] = "stop"
+    max_skipped: Annotated[int, Meta(ge=0)] = 8     # with "skip": stop once this many rollouts failed
+    # Also at the end, on SIGINT/SIGTERM and when a rollout error stops the stage; 0: only then. A
+    # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
+    checkpoint_every: Annotated[int, Meta(ge=0)] = 10
+    validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
+    # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
+    # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
+    # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
+    sleep_while_training: bool = False
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -213,30 +174,6 @@ def set_dotted(raw: dict, key: str, value, item: str) -> dict:
             raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
     node[parts[-1]] = value
     return raw
-
-
-def check_keys(raw: dict, struct_type, where: str, prefix: str = "") -> None:
-    """Every key must be a field of the Struct it lands in (recursively)."""
-    fields = {f.encode_name: f for f in msgspec.structs.fields(struct_type)}
-    for key, value in raw.items():
-        dotted = f"{prefix}{key}"
-        if key not in fields:
-            raise ConfigError(f"{where}: unknown key {dotted!r}; known here: {', '.join(sorted(fields))}")
-        sub = _struct_type(fields[key].type)
-        if sub is not None:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {dotted!r} is a section; got the value {value!r}")
-            check_keys(value, sub, where, dotted + ".")
-        elif isinstance(value, dict) and not _allows_table(fields[key].type):
-            raise ConfigError(f"{where}: {dotted!r} is a value, not a section; got {value!r}")
-
-
-def _allows_table(tp) -> bool:
-    return tp is dict or getattr(tp, "__origin__", None) is dict
-
-
-def _struct_type(tp):
-    return tp if isinstance(tp, type) and issubclass(tp, msgspec.Struct) else None
 
 
 def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:

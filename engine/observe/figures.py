@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from memr1.engine.throughput import phase_seconds
+from memr1.engine.observe.throughput import phase_seconds
 from memr1.rl.eval_report import TABLE_ORDER
 
 DPI = 90

@@ -94,5 +94,5 @@ def summarize(rows: list[dict], device: str = "cpu") -> dict:
     else:
         out["mfu"] = None
         out["mfu_note"] = ("n/a: the learner ran on the CPU" if not device.startswith("cuda") else
-                           "n/a: the GPU's bf16 peak is not in engine/throughput.py's table")
+                           "n/a: the GPU's bf16 peak is not in engine/observe/throughput.py's table")
     return out

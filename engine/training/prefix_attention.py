@@ -1,6 +1,6 @@
 """Prefix attention: the rows layout's attention, which computes only the pairs that can attend.
 
-A row of the rows layout (engine/batching.py) holds a prompt and then the responses of its group; each
+A row of the rows layout (batching.py) holds a prompt and then the responses of its group; each
 response attends to the prompt and, causally, to itself. A dense [L, L] mask over the row would make
 SDPA compute every pair of the row, most of them masked: at G = 16 responses of 128 tokens after a
 256-token prompt, 2,304² pairs, where the two calls below compute 256²/2 + 16 × 128 × 384 (6.5x fewer).

@@ -1,0 +1,70 @@
+"""The stages a run may list, their typed names, and their settings (`[stage.<name>]`).
+
+A stage's name says whose weights it trains and how: "<role>" is RL, "<role>_warm" the supervised warm
+start, "<role>_control" the RL stage's supervised control. `stage_name` parses a name, and nothing else
+splits one, so a mistyped name fails at config load.
+"""
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, NamedTuple
+
+import msgspec
+
+from memr1.engine.config.errors import ConfigError
+from memr1.rl.stages import StageConfig
+
+if TYPE_CHECKING:
+    from memr1.engine.config.run import RunConfig
+
+
+class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-stage settings; `RunConfig.stages` says which run, in which order."""
+    manager: StageConfig = msgspec.field(default_factory=StageConfig)
+    answer: StageConfig = msgspec.field(default_factory=StageConfig)
+    manager_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
+    answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
+    # Stage 1's frozen answer agent: "latest" = this run's newest answer-agent checkpoint when one
+    # exists (an answer stage ran before the manager's), else the base model; "base"; or a checkpoint.
+    frozen_answer: str = "latest"
+    # The manager that builds the answer stage's banks when items.answer_banks = "manager": "latest" =
+    # this run's newest manager checkpoint, else the base model; "base"; or a checkpoint.
+    bank_manager: str = "latest"
+
+
+# A "<role>_control" stage is the supervised control of that role's RL stage (see `stage_config`).
+STAGES = ("manager_warm", "manager", "manager_control", "answer_warm", "answer", "answer_control")
+
+
+class StageName(NamedTuple):
+    """A stage's identity, parsed from its name by `stage_name` and nowhere else."""
+    role: str    # "manager" | "answer": whose weights it trains
+    kind: str    # "rl"; "warm" (the supervised warm start); "control" (the RL stage's supervised control)
+
+    @property
+    def supervised(self) -> bool:
+        """It trains scripted oracle replies (a warm start or a control), not sampled ones."""
+        return self.kind != "rl"
+
+    def of(self, kind: str) -> str:
+        """The name of this role's stage of `kind`."""
+        return self.role if kind == "rl" else f"{self.role}_{kind}"
+
+
+@functools.cache
+def stage_name(name: str) -> StageName:
+    if name not in STAGES:
+        raise ConfigError(f"unknown stage {name!r}; use {', '.join(STAGES)}")
+    role, _, kind = name.partition("_")
+    return StageName(role, kind or "rl")
+
+
+def stage_config(cfg: RunConfig, name: str) -> StageConfig:
+    """A stage's settings. A control's are derived, not set: the warm start's supervised loss and lr,
+    continued from the warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply
+    each), so it sees exactly the prompts RL saw, with the oracle's reply instead of a reward."""
+    n = stage_name(name)
+    if n.kind == "control":
+        rl, warm = getattr(cfg.stage, n.of("rl")), getattr(cfg.stage, n.of("warm"))
+        return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
+    return getattr(cfg.stage, name)
