@@ -25,7 +25,7 @@ def prompt_sets(cfg, tokenizer, sets: int, prompts: int, kinds=KINDS) -> dict[st
         out["short"] = [[{"role": "user", "content": q}] for q in _take(questions, need, "questions")]
     if "manager" in kinds or "answer" in kinds:  # the bank's native core: only when these kinds are asked for
         from memr1.memory_store import HashEmbedder
-        from memr1.rl.banks import oracle_facts
+        from memr1.rl.facts import oracle_facts
         from memr1.rl.items import answer_items, manager_calls, manager_items, oracle_bank
         from memr1.rl.turns import AnswerRequest, answer_prompts, manager_turns
 

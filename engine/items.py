@@ -1,6 +1,6 @@
 """The items each stage of a run trains on (rl/items.py), with the banks and facts they need.
 
-Facts come from `rl.banks.facts_for` (the synthetic oracle's, or extraction by the base model, cached
+Facts come from `rl.facts.facts_for` (the synthetic oracle's, or extraction by the base model, cached
 with the eval's extraction cache key: config/caches.py). Banks are the synthetic oracle's, or built by a
 manager checkpoint through `rl.banks.run_manager`, cached in the run:
     <run>/manager/items/<bank key>/     stage-1 items' banks (the base manager over each call's history)
@@ -17,7 +17,8 @@ from tqdm import tqdm
 from memr1.engine.config.caches import cache_dirs, cache_keys, model_identity
 from memr1.engine.config.stages import stage_name
 from memr1.memory_store import MemoryBank
-from memr1.rl.banks import facts_for, run_manager, safe_name
+from memr1.rl.banks import run_manager, safe_name
+from memr1.rl.facts import facts_for
 from memr1.rl.data import load_conversations
 from memr1.rl.items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
                             oracle_bank, oracle_banks, step_items)

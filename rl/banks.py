@@ -1,10 +1,9 @@
-"""Bank building: fact extraction, then the Memory Manager over the turns in order, batched across
-conversations, with an on-disk cache that an interrupted build resumes from. Evaluation, stage-2
+"""Bank building: the Memory Manager over each conversation's per-turn facts (rl/facts.py) in order,
+batched across conversations, with an on-disk cache that an interrupted build resumes from. Evaluation, stage-2
 banks and the manager-built banks of stage-1 items all build through `run_manager`, whose calls are
 the manager turns of rl/turns.py.
 
-Batching. Extraction does not read the bank, so every turn of every conversation is extracted up
-front in large batches. The manager is sequential, but only per *stream*: one speaker of one
+Batching. The manager is sequential, but only per *stream*: one speaker of one
 conversation (the manager sees and touches only its speaker's memories, see rl/turns.py). Each step
 sends one call per unfinished stream in one `generate` call; a call holds the facts of up to
 `manager.turns_per_call` consecutive turns of its speaker within one session (`stream_groups`).
@@ -28,7 +27,6 @@ from pathlib import Path
 import msgspec
 
 from memr1.memory_store import MemoryBank
-from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, parse_facts
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.turns import apply_outcomes, decide, manager_turns
@@ -71,90 +69,10 @@ def limit_turns(conv, max_turns: int = 0) -> list:
     return turns[:max_turns] if max_turns else turns
 
 
-# ---- extraction ----
-def extract_all(convs, dirs: dict, generator, cfg: ExtractConfig, batch_size: int, max_turns: int = 0,
-                bar=None, counts: dict | None = None) -> dict:
-    """sample_id -> one fact list per turn (in `conv.turns()` order, cut to max_turns). Each batch's
-    results are appended to facts.partial.jsonl, so a restart redoes at most one batch. `counts`
-    receives {"calls", "capped"} (completions that hit the token budget)."""
-    facts, todo = {}, []
-    for conv in convs:
-        folder = dirs[conv.sample_id]
-        prepare_dir(conv, folder)
-        if (folder / "facts.json").is_file():
-            facts[conv.sample_id] = json.loads((folder / "facts.json").read_text())
-            continue
-        turns = limit_turns(conv, max_turns)
-        facts[conv.sample_id] = done = [None] * len(turns)
-        for i, turn_facts in _read_partial(folder / "facts.partial.jsonl"):
-            if i < len(done):
-                done[i] = turn_facts
-        for i, turn in enumerate(turns):
-            if done[i] is None:
-                ctx = [(t.speaker, t.text) for t in turns[max(0, i - cfg.context_turns):i]]
-                todo.append((conv.sample_id, i, build_extract_messages(turn.speaker, turn.text, turn.timestamp, ctx)))
-        _finish_if_complete(folder, done)
-    if bar is not None:
-        bar.total = len(todo)
-        bar.refresh()
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
-    for start in range(0, len(todo), batch_size):
-        chunk = todo[start:start + batch_size]
-        outs = generate_all(generator, [m for _, _, m in chunk], sampling, len(chunk), bar=bar)
-        _count(counts, outs)
-        touched = {}
-        for (sid, i, _), out in zip(chunk, outs):
-            facts[sid][i] = parse_facts(text_of(out), cfg).facts
-            touched.setdefault(sid, []).append({"i": i, "facts": facts[sid][i]})
-        for sid, lines in touched.items():
-            with open(dirs[sid] / "facts.partial.jsonl", "a") as f:
-                f.write("".join(json.dumps(line) + "\n" for line in lines))
-            _finish_if_complete(dirs[sid], facts[sid])
-    return facts
-
-
-def _count(counts: dict | None, outs: list) -> None:
+def count_capped(counts: dict | None, outs: list) -> None:
     if counts is not None:
         counts["calls"] = counts.get("calls", 0) + len(outs)
         counts["capped"] = counts.get("capped", 0) + sum(hit_cap(o) for o in outs)
-
-
-def _read_partial(path: Path):
-    if not path.is_file():
-        return
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            yield int(rec["i"]), list(rec["facts"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            return   # a torn last line; its turns are extracted again
-
-
-def _finish_if_complete(folder: Path, facts: list) -> None:
-    if all(f is not None for f in facts):
-        _write_atomic(folder / "facts.json", json.dumps(facts))
-        (folder / "facts.partial.jsonl").unlink(missing_ok=True)
-
-
-def oracle_facts(conv, max_turns: int = 0) -> list[list[str]]:
-    """Per-turn facts from a synthetic conversation's ground-truth timeline: what a perfect extractor
-    would return."""
-    by_turn: dict[str, list[str]] = {}
-    for e in conv.oracle["timeline"]:
-        by_turn.setdefault(e["dia_id"], []).append(e["fact"])
-    return [by_turn.get(t.dia_id, []) for t in limit_turns(conv, max_turns)]
-
-
-def facts_for(convs, generator, extract: ExtractConfig, dirs: dict | None, batch_size: int = 64, max_turns: int = 0,
-              bar=None, counts: dict | None = None) -> dict:
-    """Per-turn facts of each conversation: extracted by `generator`, or the synthetic oracle's
-    (`extract.source`). Training items, stage-2 banks and evaluation all take their facts from here."""
-    if extract.source == "oracle":
-        missing = [c.sample_id for c in convs if not c.oracle]
-        if missing:
-            raise ValueError(f"extract.source = 'oracle' needs synthetic data with an oracle; {missing[:3]} have none")
-        return {c.sample_id: oracle_facts(c, max_turns) for c in convs}
-    return extract_all(convs, dirs, generator, extract, batch_size, max_turns, bar, counts)
 
 
 # ---- the manager ----
@@ -195,7 +113,7 @@ def prepare_dir(conv, folder: Path) -> None:
         shutil.rmtree(folder / "bank", ignore_errors=True)   # leftovers without a digest are not trusted
         for stale in ("progress.jsonl", "facts.json", "facts.partial.jsonl"):
             (folder / stale).unlink(missing_ok=True)
-        _write_atomic(meta, json.dumps({"sample_id": conv.sample_id, "digest": digest}))
+        write_atomic(meta, json.dumps({"sample_id": conv.sample_id, "digest": digest}))
 
 
 def open_build(folder: Path | None, dim: int, bank_overrides: dict) -> tuple[MemoryBank, list[dict]]:
@@ -217,7 +135,7 @@ def open_build(folder: Path | None, dim: int, bank_overrides: dict) -> tuple[Mem
             except json.JSONDecodeError:
                 break   # a torn last line from a crash; that step is judged by the op count below
         if len(steps) < len(lines):
-            _write_atomic(log, "".join(json.dumps(s) + "\n" for s in steps))
+            write_atomic(log, "".join(json.dumps(s) + "\n" for s in steps))
     ops = bank.stats()["ops"]
     if ops > (steps[-1]["lsn"] if steps else 0):
         steps.append({"step": len(steps), "lsn": ops, "groups": [], "recovered": True})
@@ -261,7 +179,7 @@ def _manager_steps(builds, dirs, generator, embedder, cfg, batch_size, latencies
         turns = manager_turns([(builds[sid].bank, g["facts"], g["speaker"], g["timestamp"])
                                for sid, g in work], embedder, cfg)
         outs = generate_all(generator, [t.prompt.messages for t in turns], sampling, batch_size, latencies, bar)
-        _count(counts, outs)
+        count_capped(counts, outs)
         outcomes = decide(list(zip(turns, outs)), embedder, cfg)
         by_conv: dict[str, list] = {}
         for (sid, g), turn, outcome in zip(work, turns, outcomes):
@@ -300,7 +218,7 @@ def _append(path: Path, record: dict) -> None:
         f.flush()
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)

@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import facts_for, generate_all, limit_turns, run_manager, safe_name, text_of
+from memr1.rl.banks import generate_all, limit_turns, run_manager, safe_name, text_of
+from memr1.rl.facts import facts_for
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.eval_report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
 from memr1.rl.generation import SamplingConfig, hit_cap

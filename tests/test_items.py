@@ -8,7 +8,8 @@ import pytest
 
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import oracle_facts, stream_groups
+from memr1.rl.banks import stream_groups
+from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.items import (CallSpec, CallStats, ItemsConfig, ManagerItem, dead_items, history_conversation,
                             in_history, live_questions, manager_calls, manager_items, oracle_bank, oracle_banks,

@@ -5,7 +5,7 @@ from collections import Counter
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import oracle_facts
+from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_banks
 from memr1.rl.op_probe import VARIANTS, op_visibility, wrong_replies

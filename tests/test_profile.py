@@ -20,7 +20,7 @@ from memr1.memory_store import HashEmbedder
 from memr1.rl import spans
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import oracle_facts
+from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.generation import SamplingConfig
 from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank

@@ -16,7 +16,8 @@ from memr1.engine.training.learner import Learner
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import oracle_facts, run_manager
+from memr1.rl.banks import run_manager
+from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.eval import EvalConfig, evaluate
 from memr1.rl.eval_report import oracle_scores
