@@ -107,10 +107,11 @@ class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     invalid_op_penalty: Annotated[float, Meta(ge=0)] = 0.0   # manager: per op dropped (unknown id or
                                                              # event, duplicate) or rejected by the bank
     answer_format_penalty: Annotated[float, Meta(ge=0)] = 0.0  # answer agent: no "Answer:" line
-    # manager: per memory the call's applied ops add to the bank (ADDs minus DELETEs, never below 0), a
-    # call-level form of Memory-R2's compression penalty; not in Memory-R1. Without it an append-only
-    # manager (every fact, change and deletion written as a new dated memory) costs the reward nothing
-    # where the answer agent reads the newest memory right, however large the bank grows.
+    # manager: per memory the call's applied ops add beyond one per fact it reads (ADDs minus DELETEs,
+    # never below 0): a call-level form of Memory-R2's compression penalty with its free zone; not in
+    # Memory-R1. The outcome alone pays a manager that writes each fact twice (two copies take two of
+    # the answer agent's top-k slots from the stale memory beside them) and never UPDATEs; one memory
+    # per fact stays free, so an ADD of a new fact costs nothing.
     memory_penalty: Annotated[float, Meta(ge=0)] = 0.0
 
 
@@ -131,10 +132,10 @@ def answer_reward(score: float, has_answer_tag: bool, cfg: RewardConfig) -> dict
 
 
 def manager_reward(answer_scores: list[float], parsed: bool, invalid_ops: int, cfg: RewardConfig,
-                   growth: int = 0) -> dict[str, float]:
+                   growth: int = 0, facts: int = 0) -> dict[str, float]:
     """The manager's reward parts: the frozen answer agent's mean score on the edited bank (the
     paper's outcome reward), minus the format, invalid-op and memory-growth penalties (`growth`: the
-    memories the applied ops added, net of deletions)."""
+    memories the applied ops added, net of deletions; `facts`: the facts the call read, its free zone)."""
     outcome = sum(answer_scores) / len(answer_scores) if answer_scores else 0.0
     return {cfg.kind: outcome, "format": 0.0 if parsed else -cfg.format_penalty,
-            "invalid_op": -cfg.invalid_op_penalty * invalid_ops, "memory": -cfg.memory_penalty * max(0, growth)}
+            "invalid_op": -cfg.invalid_op_penalty * invalid_ops, "memory": -cfg.memory_penalty * max(0, growth - facts)}

@@ -148,7 +148,8 @@ class ManagerStage:
             per_fork = [[] for _ in forks]
             for (j, _), s in zip(who, scores):
                 per_fork[j].append(s)
-            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward, bank_growth(o))
+            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward, bank_growth(o),
+                                    len(items[owners[j]].call["facts"]))
                      for j, o in enumerate(outcomes)]
         return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct)
 

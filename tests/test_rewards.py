@@ -179,5 +179,8 @@ def test_rewards_return_their_breakdown():
     # net growth costs per memory; a call that deletes more than it adds is not paid for it
     assert manager_reward([1.0], True, 0, cfg, growth=3)["memory"] == pytest.approx(-0.3)
     assert manager_reward([1.0], True, 0, cfg, growth=-2)["memory"] == 0.0
+    # one memory per fact the call reads is free: only the copies beyond it cost
+    assert manager_reward([1.0], True, 0, cfg, growth=2, facts=2)["memory"] == 0.0
+    assert manager_reward([1.0], True, 0, cfg, growth=3, facts=2)["memory"] == pytest.approx(-0.1)
     with pytest.raises(ValueError, match="reward.kind"):
         answer_score("a", "a", "bleu")

@@ -103,7 +103,9 @@ def test_forks_keep_rollouts_independent(setup):
     _, _, embedder, manager_items_, _, _ = setup
     item = manager_items_[0]
     before = [(m.id, m.text) for m in item.bank]
-    texts = [json.dumps({"memory": [{"id": "99", "text": f"new fact {g}", "event": "ADD"}]}) for g in range(3)]
+    extra = len(item.call["facts"])   # one ADD per fact is free: each fork writes one memory more
+    texts = [json.dumps({"memory": [{"id": str(90 + k), "text": f"new fact {g}" if k == 0 else f"copy {k} of {g}",
+                                     "event": "ADD"} for k in range(extra + 1)]}) for g in range(3)]
     texts.append("not json at all")
     frozen = ScriptedGenerator(["Answer: nothing"], finish="length")
     stage = manager_stage([item], frozen, embedder, msgspec.structs.replace(FAST, prompts_per_step=1, group_size=4),
@@ -119,7 +121,7 @@ def test_forks_keep_rollouts_independent(setup):
     assert rollout.metrics["parse_failure_rate"] == 0.25 and rollout.metrics["frozen_capped_rate"] == 1.0
     group = rollout.batch.groups[0]
     assert group.rewards[3] == -1.0 and group.breakdown["format"] == [0.0, 0.0, 0.0, -1.0]  # EM 0 - the penalty
-    assert group.breakdown["memory"] == [-0.25, -0.25, -0.25, 0.0]   # one memory more in each parsed fork
+    assert group.breakdown["memory"] == [-0.25, -0.25, -0.25, 0.0]   # one memory past the free zone per parsed fork
     # the group carries the prompt ids the policy reported for the item's prompt, once, and its 4 responses
     assert group.prompt_ids == [zlib.crc32(json.dumps(policy.prompts[0]).encode()) % 40000 + 1, 7]
     assert group.responses == [[5 + j, 6] for j in range(4)]
