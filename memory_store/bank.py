@@ -133,9 +133,9 @@ class MemoryBank:
                 self._refuse_write()
             core, t = self._core, type(op)
             if t is Add:
-                out = core.add(self._log, op.text, op.speaker, op.timestamp, op.vector)
+                out = core.add(self._log, op.text, op.speaker, op.timestamp, op.vector, op.sources)
             elif t is Update:
-                core.update(self._log, op.id, op.text, op.timestamp, op.vector)
+                core.update(self._log, op.id, op.text, op.timestamp, op.vector, op.sources)
                 out = op.id
             elif t is Delete:
                 core.delete(self._log, op.id)

@@ -10,7 +10,9 @@ from memr1.memory_store.errors import BankError, CorruptLog
 
 class Memory(msgspec.Struct, frozen=True):
     """One live memory. `created`/`updated` are op sequence numbers (the bank's logical clock);
-    `timestamp` is the session time the caller gave, not the wall clock."""
+    `timestamp` is the session time the caller gave, not the wall clock. `sources`: the dialogue turn
+    ids it came from (Memory-R2's evidence recall), its ADD's, then each UPDATE's new ones, in order and
+    without duplicates. Segments written before sources existed read back with ()."""
     id: int
     text: str
     speaker: str
@@ -18,14 +20,23 @@ class Memory(msgspec.Struct, frozen=True):
     created: int
     updated: int
     previous_text: str | None = None
+    sources: tuple[str, ...] = ()
+
+
+# Bounds on sources (the native core checks them; a violation is InvalidInput and changes nothing):
+MAX_OP_SOURCES = 64       # turn ids one Add or Update may carry
+MAX_SOURCE_BYTES = 64     # UTF-8 bytes of one turn id (at least 1)
+MAX_MEMORY_SOURCES = 1024 # distinct turn ids one memory may collect over its ADD and UPDATEs
 
 
 # ---- operations (vectors are float32 numpy arrays of the bank's dim) ----
+# `sources`: a tuple (or list) of the dialogue turn ids ("D3:7") the op came from; see Memory.sources.
 class Add(msgspec.Struct):
     text: str
     vector: Any
     speaker: str
     timestamp: str = ""
+    sources: tuple[str, ...] = ()
 
 
 class Update(msgspec.Struct):
@@ -33,6 +44,7 @@ class Update(msgspec.Struct):
     text: str
     vector: Any
     timestamp: str | None = None  # None keeps the memory's timestamp
+    sources: tuple[str, ...] = ()  # appended to the memory's, those it already holds dropped
 
 
 class Delete(msgspec.Struct):
@@ -47,12 +59,15 @@ Op = Add | Update | Delete | Noop
 
 
 # ---- op-log records: the native core writes exactly these encodings (tagged msgpack arrays) ----
+# `sources` trails with a default: the core writes it only when non-empty, so logs from before it
+# existed (and ops without sources) are shorter arrays that decode to ().
 class AddRecord(msgspec.Struct, array_like=True, tag="add"):
     id: int
     text: str
     speaker: str
     timestamp: str
     vector: bytes
+    sources: tuple[str, ...] = ()
 
 
 class UpdateRecord(msgspec.Struct, array_like=True, tag="update"):
@@ -60,6 +75,7 @@ class UpdateRecord(msgspec.Struct, array_like=True, tag="update"):
     text: str
     timestamp: str | None
     vector: bytes
+    sources: tuple[str, ...] = ()  # the op's own; replay appends them as the op did
 
 
 class DeleteRecord(msgspec.Struct, array_like=True, tag="delete"):
@@ -80,11 +96,12 @@ def replay(core, payloads, where) -> None:
         try:
             rec = _records.decode(payload)
             if type(rec) is AddRecord:
-                got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32))
+                got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32),
+                               rec.sources)
                 if got != rec.id:
                     raise BankError(f"add record carries id {rec.id} but replay assigned {got}")
             elif type(rec) is UpdateRecord:
-                core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32))
+                core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32), rec.sources)
             elif type(rec) is DeleteRecord:
                 core.delete(None, rec.id)
             else:

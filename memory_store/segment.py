@@ -74,7 +74,8 @@ class Segment:
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def core_rows(self) -> list[tuple]:
-        return [(m.id, m.text, m.speaker, m.timestamp, m.created, m.updated, m.previous_text) for m in self.memories]
+        return [(m.id, m.text, m.speaker, m.timestamp, m.created, m.updated, m.previous_text, m.sources)
+                for m in self.memories]
 
 
 def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> dict[str, Index]:

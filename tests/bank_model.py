@@ -7,6 +7,11 @@ import numpy as np
 from memr1.memory_store import Add, Delete, Noop, Update
 
 
+def merge_sources(old: tuple, new) -> tuple:
+    """A memory's sources after an op: the old ones, then the op's that are not there yet, in order."""
+    return tuple(dict.fromkeys((*old, *new)))
+
+
 class ModelBank:
     def __init__(self):
         self.rows: dict[int, dict] = {}
@@ -21,13 +26,15 @@ class ModelBank:
         if isinstance(op, Add):
             i = self.next_id
             self.rows[i] = dict(text=op.text, speaker=op.speaker, timestamp=op.timestamp, vector=op.vector.copy(),
-                                created=self.lsn, updated=self.lsn, previous_text=None)
+                                created=self.lsn, updated=self.lsn, previous_text=None,
+                                sources=merge_sources((), op.sources))
             self.next_id += 1
         elif isinstance(op, Update):
             old = self.rows[op.id]
             self.rows[op.id] = dict(old, text=op.text, vector=op.vector.copy(), updated=self.lsn,
                                     previous_text=old["text"],
-                                    timestamp=old["timestamp"] if op.timestamp is None else op.timestamp)
+                                    timestamp=old["timestamp"] if op.timestamp is None else op.timestamp,
+                                    sources=merge_sources(old["sources"], op.sources))
             i = op.id
         elif isinstance(op, Delete):
             del self.rows[op.id]
@@ -57,8 +64,10 @@ def assert_same(bank, model: ModelBank, queries=()) -> None:
     assert len(bank) == len(model.rows)
     for i, row in model.rows.items():
         got = bank.get(i)
-        assert (got.text, got.speaker, got.timestamp, got.created, got.updated, got.previous_text) == (
-            row["text"], row["speaker"], row["timestamp"], row["created"], row["updated"], row["previous_text"])
+        assert (got.text, got.speaker, got.timestamp, got.created, got.updated, got.previous_text, got.sources) == (
+            row["text"], row["speaker"], row["timestamp"], row["created"], row["updated"], row["previous_text"],
+            row["sources"])
+        assert type(got.sources) is tuple
     for q in queries:
         for speaker in (None, "A"):
             want = model.search(q, 5, speaker)
@@ -71,17 +80,25 @@ def assert_same(bank, model: ModelBank, queries=()) -> None:
 
 
 def op_stream(seed: int, n: int, dim: int = 16) -> list:
-    """A deterministic random op stream that is valid when applied in order."""
+    """A deterministic random op stream that is valid when applied in order. Adds and updates carry 0-3
+    source turn ids (drawn from their own generator, so the ops are those of the stream before sources)."""
     rng = random.Random(seed)
+    src = random.Random(seed + 7_919)
     vec = np.random.default_rng(seed)
     model, ops = ModelBank(), []
+
+    def turns() -> tuple:
+        return tuple(f"D{src.randrange(3)}:{src.randrange(6)}" for _ in range(src.randrange(4)))
+
     for _ in range(n):
         live = sorted(model.rows)
         kind = rng.random()
         if kind < 0.5 or not live:
-            op = Add(f"fact {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32), rng.choice("AB"), "t")
+            op = Add(f"fact {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32), rng.choice("AB"), "t",
+                     turns())
         elif kind < 0.7:
-            op = Update(rng.choice(live), f"new {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32))
+            op = Update(rng.choice(live), f"new {rng.random():.6f}", vec.standard_normal(dim).astype(np.float32),
+                        sources=turns())
         elif kind < 0.85:
             op = Delete(rng.choice(live))
         else:

@@ -8,12 +8,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from bank_model import ModelBank, assert_same
-from memr1.memory_store import Add, Delete, MemoryBank, Noop, UnknownMemoryId, Update
+from memr1.memory_store import Add, Delete, InvalidInput, MemoryBank, Noop, UnknownMemoryId, Update
 
 DIM = 8
 vectors = st.lists(st.floats(-1, 1, width=32), min_size=DIM, max_size=DIM).map(
     lambda xs: np.array(xs, np.float32)).filter(lambda v: np.abs(v).sum() > 1e-3)
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=20)
+turns = st.lists(st.sampled_from(["D1:1", "D1:2", "D2:1", "D3:7", "Dé:9"]), max_size=3).map(tuple)  # repeats too
 
 
 class BankMachine(RuleBasedStateMachine):
@@ -30,19 +31,19 @@ class BankMachine(RuleBasedStateMachine):
         self.banks[0].close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    @rule(which=st.integers(0, 7), text=texts, vector=vectors, speaker=st.sampled_from(["A", "B"]))
-    def add(self, which, text, vector, speaker):
+    @rule(which=st.integers(0, 7), text=texts, vector=vectors, speaker=st.sampled_from(["A", "B"]), sources=turns)
+    def add(self, which, text, vector, speaker, sources):
         j = which % len(self.banks)
-        op = Add(text, vector, speaker, f"t{which}")
+        op = Add(text, vector, speaker, f"t{which}", sources)
         assert self.banks[j].apply(op) == self.models[j].apply(op)
 
     @rule(which=st.integers(0, 7), pick=st.integers(0, 1000), text=texts, vector=vectors,
-          ts=st.none() | st.just("later"))
-    def update(self, which, pick, text, vector, ts):
+          ts=st.none() | st.just("later"), sources=turns)
+    def update(self, which, pick, text, vector, ts, sources):
         j = which % len(self.banks)
         ids = sorted(self.models[j].rows)
         target = ids[pick % len(ids)] if ids and pick % 3 else self.models[j].next_id + pick  # sometimes unknown
-        op = Update(target, text, vector, ts)
+        op = Update(target, text, vector, ts, sources)
         if target in self.models[j].rows:
             self.banks[j].apply(op)
             self.models[j].apply(op)
@@ -100,17 +101,19 @@ class BankMachine(RuleBasedStateMachine):
         assert_same(saved, self.models[j], self.queries)
         saved.close()
 
-    @rule(which=st.integers(0, 7), ops=st.lists(st.sampled_from(["add", "noop", "bad"]), max_size=5),
-          vector=vectors)
-    def batch(self, which, ops, vector):
+    @rule(which=st.integers(0, 7), ops=st.lists(st.sampled_from(["add", "noop", "bad", "bad_sources"]), max_size=5),
+          vector=vectors, sources=turns)
+    def batch(self, which, ops, vector, sources):
         j = which % len(self.banks)
-        batch = [Add("b", vector, "A") if o == "add" else Noop() if o == "noop"
+        batch = [Add("b", vector, "A", sources=sources) if o == "add" else Noop() if o == "noop"
+                 else Add("b", vector, "A", sources=("D1:1", "")) if o == "bad_sources"
                  else Delete(self.models[j].next_id + 100) for o in ops]
-        if any(o == "bad" for o in ops):
+        bad = next((o for o in ops if o.startswith("bad")), None)
+        if bad:
             try:
                 self.banks[j].apply_batch(batch)
-                raise AssertionError("a batch with an unknown id was accepted")
-            except UnknownMemoryId:
+                raise AssertionError(f"a batch with a {bad} op was accepted")
+            except (UnknownMemoryId, InvalidInput):
                 return  # nothing of it applied: the invariant checks that
         assert self.banks[j].apply_batch(batch) == [self.models[j].apply(op) for op in batch]
 

@@ -76,31 +76,45 @@ void mp_bin(std::string& o, const void* p, size_t n) {
   else { o.push_back('\xc6'); put_be(o, n, 4); }
   o.append(static_cast<const char*>(p), n);
 }
+void mp_array(std::string& o, size_t n) {
+  if (n < 16) o.push_back(static_cast<char>(0x90 | n));
+  else if (n <= 0xffff) { o.push_back('\xdc'); put_be(o, n, 2); }
+  else { o.push_back('\xdd'); put_be(o, n, 4); }
+}
+// The optional trailing element: absent when empty (see core.h).
+void mp_sources(std::string& o, const Sources& sources) {
+  if (sources.empty()) return;
+  mp_array(o, sources.size());
+  for (const std::string& s : sources) mp_str(o, s);
+}
 }  // namespace
 
 // Each record is a tagged array, the msgspec encoding of `array_like=True, tag=...` Structs.
 std::string encode_add(int64_t id, const std::string& text, const std::string& speaker, const std::string& ts,
-                       const float* vec, int dim) {
+                       const float* vec, int dim, const Sources& sources) {
   std::string o;
-  o.reserve(32 + text.size() + speaker.size() + ts.size() + 4 * dim);
-  o.push_back('\x96');
+  o.reserve(32 + text.size() + speaker.size() + ts.size() + 4 * dim + sources.size() * (kMaxSourceBytes + 2));
+  mp_array(o, sources.empty() ? 6 : 7);
   mp_str(o, "add");
   mp_uint(o, static_cast<uint64_t>(id));
   mp_str(o, text);
   mp_str(o, speaker);
   mp_str(o, ts);
   mp_bin(o, vec, sizeof(float) * dim);
+  mp_sources(o, sources);
   return o;
 }
-std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim) {
+std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim,
+                          const Sources& sources) {
   std::string o;
-  o.reserve(32 + text.size() + 4 * dim);
-  o.push_back('\x95');
+  o.reserve(32 + text.size() + 4 * dim + sources.size() * (kMaxSourceBytes + 2));
+  mp_array(o, sources.empty() ? 5 : 6);
   mp_str(o, "update");
   mp_uint(o, static_cast<uint64_t>(id));
   mp_str(o, text);
   if (ts) mp_str(o, *ts); else o.push_back('\xc0');
   mp_bin(o, vec, sizeof(float) * dim);
+  mp_sources(o, sources);
   return o;
 }
 std::string encode_delete(int64_t id) {

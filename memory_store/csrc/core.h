@@ -38,12 +38,23 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path);
 
 // ---- records ----
+// A memory's source turns: the dialogue turn ids (e.g. "D3:7") its ADD and UPDATEs came from, in order,
+// without duplicates (Memory-R2's evidence recall reads them). Bounded per op and per memory, so a
+// record stays small however often it is updated; a violation is BadInput, before anything changes.
+constexpr size_t kMaxOpSources = 64;       // turn ids one ADD or UPDATE may carry
+constexpr size_t kMaxSourceBytes = 64;     // UTF-8 bytes of one turn id
+constexpr size_t kMaxMemorySources = 1024; // distinct turn ids one memory may collect
+using Sources = std::vector<std::string>;
+// Immutable once built: record versions an UPDATE adds no new id to share it (no copy per update or fork).
+using SourcesPtr = std::shared_ptr<const Sources>;
+
 struct Record {
   int32_t rc = 1;
   int64_t id = 0;
   uint32_t speaker = 0;            // interned, see speaker_code()
   std::string text, timestamp, prev_text;
   bool has_prev = false;
+  SourcesPtr sources;              // null: none
   int64_t created = 0, updated = 0;  // op sequence numbers (lsn), not wall clock
   int64_t base_row = -1;           // >= 0 when this version lives in the base segment
   float inv_norm = 0.f;
@@ -121,9 +132,10 @@ class State {
   State fork() const { return *this; }
 
   int64_t add(RecordSink* sink, const std::string& text, const std::string& speaker,
-              const std::string& timestamp, const float* vec);
+              const std::string& timestamp, const float* vec, const Sources& sources = {});
+  // `sources`: this UPDATE's turn ids, appended to the memory's (those it already holds are dropped).
   void update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
-              const float* vec);
+              const float* vec, const Sources& sources = {});
   void remove(RecordSink* sink, int64_t id);
   void noop(RecordSink* sink);
 
@@ -149,6 +161,9 @@ class State {
   int64_t count_live_rows(const int64_t* rows, size_t n) const;
 
   static void validate_vector(const float* v, int dim, float* inv_norm);
+  static void check_sources(const Sources& sources);  // one op's: count and bytes of each id
+  // `old` followed by the ids of `extra` it lacks, in order; `old` itself when none is new.
+  static SourcesPtr merge_sources(const SourcesPtr& old, const Sources& extra);
 
  private:
   void check_text(const std::string& text, const char* what) const;
@@ -200,9 +215,12 @@ class OpLog : public RecordSink {
 };
 
 // msgpack encoding of op records, matching the msgspec Structs in records.py (array_like, tagged).
+// `sources` is a trailing element written only when non-empty: a record without it is the encoding
+// from before sources existed, byte for byte, and decodes to the field's default ().
 std::string encode_add(int64_t id, const std::string& text, const std::string& speaker,
-                       const std::string& ts, const float* vec, int dim);
-std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim);
+                       const std::string& ts, const float* vec, int dim, const Sources& sources);
+std::string encode_update(int64_t id, const std::string& text, const std::string* ts, const float* vec, int dim,
+                          const Sources& sources);
 std::string encode_delete(int64_t id);
 std::string encode_noop();
 

@@ -6,72 +6,23 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "convert.h"
 #include "core.h"
 
-namespace py = pybind11;
-using namespace memr1;
+using namespace memr1;  // brings convert.h's `py` alias of pybind11
 
 namespace {
-py::object errors() { return py::module_::import("memr1.memory_store.errors"); }
-
-void raise_as(const char* cls, py::tuple args) {
-  py::object inst = errors().attr(cls)(*args);
-  PyErr_SetObject(py::type::handle_of(inst).ptr(), inst.ptr());
-}
-
-std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
-
-// Strings are taken only from str (not bytes, which pybind11 would accept), as UTF-8.
-std::string as_str(py::handle h, const char* what) {
-  if (!PyUnicode_Check(h.ptr())) throw BadInput(std::string(what) + " must be a str, got " + type_name(h));
-  Py_ssize_t n;
-  const char* s = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
-  if (!s) {
-    PyErr_Clear();
-    throw BadInput(std::string(what) + " is not encodable as UTF-8 (it holds a lone surrogate)");
-  }
-  return std::string(s, static_cast<size_t>(n));
-}
-
-// A memory id is an int (or an integer-like object such as numpy.int64), never a bool: Delete(True)
-// must not delete id 1. An int outside int64 is an id that was never added.
-int64_t as_id(py::handle h) {
-  PyObject* o = h.ptr();
-  if (PyBool_Check(o) || !PyIndex_Check(o))
-    throw BadInput("memory id must be an int in [0, 2**63), got " + type_name(h) + " " + std::string(py::repr(h)));
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-  if (overflow) {
-    raise_as("UnknownMemoryId", py::make_tuple(h));
-    throw py::error_already_set();
-  }
-  return v;
-}
-
-// A vector argument must be a 1-d float32 numpy array of the bank's dim; nothing is converted
-// silently, because a float64 or a wrongly shaped array is almost always a caller bug.
-const float* as_vector(py::handle h, int dim, py::object& hold) {
-  if (!py::isinstance<py::array>(h))
-    throw BadInput("vector must be a numpy float32 array, got " + std::string(py::str(py::type::handle_of(h).attr("__name__"))));
-  auto a = py::reinterpret_borrow<py::array>(h);
-  if (a.dtype().kind() != 'f' || a.itemsize() != 4)
-    throw BadInput("vector dtype is " + std::string(py::str(a.dtype())) + ", expected float32");
-  if (a.ndim() != 1 || a.shape(0) != dim) {
-    std::string shape = "(";
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) shape += std::to_string(a.shape(i)) + (i + 1 < a.ndim() ? ", " : "");
-    throw BadInput("vector shape is " + shape + "), expected (" + std::to_string(dim) + ",)");
-  }
-  if (!(a.flags() & py::array::c_style)) {
-    hold = py::module_::import("numpy").attr("ascontiguousarray")(a);
-    return static_cast<const float*>(py::reinterpret_borrow<py::array>(hold).data());
-  }
-  return static_cast<const float*>(a.data());
+py::tuple sources_tuple(const Record* r) {
+  if (!r->sources) return py::tuple();
+  py::tuple t(r->sources->size());
+  for (size_t i = 0; i < r->sources->size(); ++i) t[i] = py::str((*r->sources)[i]);
+  return t;
 }
 
 py::object record_tuple(const Record* r) {
   return py::make_tuple(r->id, r->text, speaker_name(r->speaker), r->timestamp, r->created, r->updated,
-                        r->has_prev ? py::object(py::str(r->prev_text)) : py::object(py::none()));
+                        r->has_prev ? py::object(py::str(r->prev_text)) : py::object(py::none()),
+                        sources_tuple(r));
 }
 
 py::tuple hits_to_arrays(const std::vector<Hit>& hits) {
@@ -112,6 +63,10 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
     r->updated = t[5].cast<int64_t>();
     r->has_prev = !t[6].is_none();
     if (r->has_prev) r->prev_text = t[6].cast<std::string>();
+    if (t.size() > 7) {  // segment rows carry the sources the records file holds (none before they existed)
+      Sources src = as_sources(t[7]);
+      if (!src.empty()) r->sources = std::make_shared<const Sources>(std::move(src));
+    }
     r->base_row = i;
     r->vec = base->vectors + i * dim;
     base->rows.push_back(r);
@@ -157,6 +112,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("file_crc32c", &file_crc32c, py::arg("path"), "(size, CRC32C) of a file",
         py::call_guard<py::gil_scoped_release>());
 
+  m.attr("MAX_OP_SOURCES") = kMaxOpSources;
+  m.attr("MAX_SOURCE_BYTES") = kMaxSourceBytes;
+  m.attr("MAX_MEMORY_SOURCES") = kMaxMemorySources;
+
   py::class_<RecordSink>(m, "RecordSink");
   py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
       .def(py::init<>())
@@ -187,21 +146,25 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
       .def("fork", &State::fork)
       .def("add", [](State& s, RecordSink* sink, py::handle text, py::handle speaker, py::handle ts,
-                     py::handle vec) {
+                     py::handle vec, py::handle sources) {
         py::object hold;
         std::string t = as_str(text, "text"), sp = as_str(speaker, "speaker"), when = as_str(ts, "timestamp");
-        return s.add(sink, t, sp, when, as_vector(vec, s.dim(), hold));
-      })
+        const float* v = as_vector(vec, s.dim(), hold);
+        return s.add(sink, t, sp, when, v, as_sources(sources));
+      }, py::arg("sink"), py::arg("text"), py::arg("speaker"), py::arg("timestamp"), py::arg("vector"),
+         py::arg("sources") = py::tuple())
       .def("update", [](State& s, RecordSink* sink, py::handle id, py::handle text, py::handle ts,
-                        py::handle vec) {
+                        py::handle vec, py::handle sources) {
         py::object hold;
         int64_t i = as_id(id);
         std::string t = as_str(text, "text");
         const float* v = as_vector(vec, s.dim(), hold);
-        if (ts.is_none()) return s.update(sink, i, t, nullptr, v);
+        Sources src = as_sources(sources);
+        if (ts.is_none()) return s.update(sink, i, t, nullptr, v, src);
         std::string when = as_str(ts, "timestamp");
-        s.update(sink, i, t, &when, v);
-      })
+        s.update(sink, i, t, &when, v, src);
+      }, py::arg("sink"), py::arg("id"), py::arg("text"), py::arg("timestamp"), py::arg("vector"),
+         py::arg("sources") = py::tuple())
       .def("delete", [](State& s, RecordSink* sink, py::handle id) { s.remove(sink, as_id(id)); })
       .def("noop", &State::noop)
       .def("set_base", [](State& s, py::array vectors, py::list rows, int64_t next_id, int64_t lsn) {

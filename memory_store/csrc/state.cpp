@@ -1,7 +1,9 @@
 // Bank state: op application and fork bookkeeping (search.cpp searches it). See core.h for the layout.
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "core.h"
@@ -118,6 +120,46 @@ void State::check_text(const std::string& text, const char* what) const {
                    std::to_string(max_text_) + " (BankConfig.max_text_bytes)");
 }
 
+void State::check_sources(const Sources& sources) {
+  if (sources.size() > kMaxOpSources)
+    throw BadInput("sources holds " + std::to_string(sources.size()) + " turn ids, over the limit of " +
+                   std::to_string(kMaxOpSources) + " per op");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string& s = sources[i];
+    const std::string at = "sources[" + std::to_string(i) + "]";
+    if (s.empty()) throw BadInput(at + " is empty; a turn id is 1.." + std::to_string(kMaxSourceBytes) + " bytes");
+    if (s.size() > kMaxSourceBytes)
+      throw BadInput(at + " is " + std::to_string(s.size()) + " bytes, over the limit of " +
+                     std::to_string(kMaxSourceBytes) + " per turn id");
+  }
+}
+
+SourcesPtr State::merge_sources(const SourcesPtr& old, const Sources& extra) {
+  if (extra.empty()) return old;
+  const size_t have = old ? old->size() : 0;
+  // Linear probes while small (the usual few ids); a hash set once a probe pass would cost more.
+  std::unordered_set<std::string_view> index;
+  const bool hashed = have * extra.size() > 4096;
+  if (hashed) index.insert(old->begin(), old->end());
+  std::vector<const std::string*> fresh;
+  for (const std::string& s : extra) {
+    bool dup = false;
+    if (hashed) dup = index.count(s) > 0;
+    else if (old) for (const std::string& o : *old) if (o == s) { dup = true; break; }
+    for (size_t j = 0; !dup && j < fresh.size(); ++j) dup = *fresh[j] == s;
+    if (!dup) fresh.push_back(&s);
+  }
+  if (fresh.empty()) return old;
+  if (have + fresh.size() > kMaxMemorySources)
+    throw BadInput("the memory would hold " + std::to_string(have + fresh.size()) +
+                   " source turn ids, over the limit of " + std::to_string(kMaxMemorySources) + " per memory");
+  auto out = std::make_shared<Sources>();
+  out->reserve(have + fresh.size());
+  if (old) out->insert(out->end(), old->begin(), old->end());
+  for (const std::string* s : fresh) out->push_back(*s);
+  return out;
+}
+
 // ---- op application: validate everything, then log, then mutate (so a bad op changes nothing) ----
 State::State(int dim, size_t max_text_bytes) : dim_(dim), max_text_(max_text_bytes) {}
 
@@ -138,16 +180,19 @@ void State::put_delta(Record* r) {
 }
 
 int64_t State::add(RecordSink* sink, const std::string& text, const std::string& speaker,
-                   const std::string& timestamp, const float* vec) {
+                   const std::string& timestamp, const float* vec, const Sources& sources) {
   check_text(text, "memory text");
   if (speaker.empty()) throw BadInput("speaker is empty");
   float inv;
   validate_vector(vec, dim_, &inv);
+  check_sources(sources);
+  SourcesPtr merged = merge_sources(nullptr, sources);
   const int64_t id = next_id_;
-  if (sink) sink->put(encode_add(id, text, speaker, timestamp, vec, dim_));
+  if (sink) sink->put(encode_add(id, text, speaker, timestamp, vec, dim_, sources));
   Record* r = new_record(id, text, vec, inv);
   r->speaker = speaker_code(speaker);
   r->timestamp = timestamp;
+  r->sources = std::move(merged);
   r->created = r->updated = lsn_++;
   ids_.set(static_cast<uint64_t>(id), r);
   put_delta(r);
@@ -157,15 +202,18 @@ int64_t State::add(RecordSink* sink, const std::string& text, const std::string&
 }
 
 void State::update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
-                   const float* vec) {
+                   const float* vec, const Sources& sources) {
   const Record* old = get(id);
   if (!old) throw UnknownId(id);
   check_text(text, "memory text");
   float inv;
   validate_vector(vec, dim_, &inv);
-  if (sink) sink->put(encode_update(id, text, timestamp, vec, dim_));
+  check_sources(sources);
+  SourcesPtr merged = merge_sources(old->sources, sources);  // may refuse: the per-memory limit
+  if (sink) sink->put(encode_update(id, text, timestamp, vec, dim_, sources));
   Record* r = new_record(id, text, vec, inv);
   r->speaker = old->speaker;
+  r->sources = std::move(merged);
   r->timestamp = timestamp ? *timestamp : old->timestamp;
   r->created = old->created;
   r->updated = lsn_++;

@@ -1,0 +1,92 @@
+// Python -> C++ argument conversion for the bindings (module.cpp, its only includer): strict types,
+// nothing converted silently; a wrong argument is BadInput (InvalidInput in Python).
+#pragma once
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "core.h"
+
+namespace memr1 {
+namespace py = pybind11;
+
+inline py::object errors() { return py::module_::import("memr1.memory_store.errors"); }
+
+inline void raise_as(const char* cls, py::tuple args) {
+  py::object inst = errors().attr(cls)(*args);
+  PyErr_SetObject(py::type::handle_of(inst).ptr(), inst.ptr());
+}
+
+inline std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+
+// Strings are taken only from str (not bytes, which pybind11 would accept), as UTF-8.
+inline std::string as_str(py::handle h, const char* what) {
+  if (!PyUnicode_Check(h.ptr())) throw BadInput(std::string(what) + " must be a str, got " + type_name(h));
+  Py_ssize_t n;
+  const char* s = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+  if (!s) {
+    PyErr_Clear();
+    throw BadInput(std::string(what) + " is not encodable as UTF-8 (it holds a lone surrogate)");
+  }
+  return std::string(s, static_cast<size_t>(n));
+}
+
+// A memory id is an int (or an integer-like object such as numpy.int64), never a bool: Delete(True)
+// must not delete id 1. An int outside int64 is an id that was never added.
+inline int64_t as_id(py::handle h) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o) || !PyIndex_Check(o))
+    throw BadInput("memory id must be an int in [0, 2**63), got " + type_name(h) + " " + std::string(py::repr(h)));
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow) {
+    raise_as("UnknownMemoryId", py::make_tuple(h));
+    throw py::error_already_set();
+  }
+  return v;
+}
+
+// A vector argument must be a 1-d float32 numpy array of the bank's dim; nothing is converted
+// silently, because a float64 or a wrongly shaped array is almost always a caller bug.
+inline const float* as_vector(py::handle h, int dim, py::object& hold) {
+  if (!py::isinstance<py::array>(h))
+    throw BadInput("vector must be a numpy float32 array, got " + std::string(py::str(py::type::handle_of(h).attr("__name__"))));
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if (a.dtype().kind() != 'f' || a.itemsize() != 4)
+    throw BadInput("vector dtype is " + std::string(py::str(a.dtype())) + ", expected float32");
+  if (a.ndim() != 1 || a.shape(0) != dim) {
+    std::string shape = "(";
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) shape += std::to_string(a.shape(i)) + (i + 1 < a.ndim() ? ", " : "");
+    throw BadInput("vector shape is " + shape + "), expected (" + std::to_string(dim) + ",)");
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    hold = py::module_::import("numpy").attr("ascontiguousarray")(a);
+    return static_cast<const float*>(py::reinterpret_borrow<py::array>(hold).data());
+  }
+  return static_cast<const float*>(a.data());
+}
+
+// An op's source turn ids: a tuple (or list) of str, never a bare str, whose characters would each
+// become an id. Only types are checked here; State::check_sources checks the bounds, for replay too.
+inline Sources as_sources(py::handle h) {
+  PyObject* o = h.ptr();
+  const bool tuple = PyTuple_Check(o);
+  if (tuple && PyTuple_GET_SIZE(o) == 0) return {};  // the default: no work on the op's hot path
+  if (!tuple && !PyList_Check(o))
+    throw BadInput("sources must be a tuple of str (dialogue turn ids such as \"D3:7\"), got " + type_name(h));
+  const Py_ssize_t n = tuple ? PyTuple_GET_SIZE(o) : PyList_GET_SIZE(o);
+  if (static_cast<size_t>(n) > kMaxOpSources)  // before converting: the count alone refuses it
+    throw BadInput("sources holds " + std::to_string(n) + " turn ids, over the limit of " +
+                   std::to_string(kMaxOpSources) + " per op");
+  Sources out;
+  out.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = tuple ? PyTuple_GET_ITEM(o, i) : PyList_GET_ITEM(o, i);
+    out.push_back(as_str(item, ("sources[" + std::to_string(i) + "]").c_str()));
+  }
+  return out;
+}
+
+}  // namespace memr1
