@@ -37,7 +37,7 @@ from memr1.bench.common import git_commit, print_table, write_json
 ROOT = Path(__file__).resolve().parents[1]
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo_train_val.json"
 # What bench.learning adds to the recipe: the test split, and the controls beside each RL stage.
-EXTRA = ["eval_split=test", 'eval_after=["base", "warm", "trained", "control"]']
+EXTRA = ["data.n=300", "eval_split=test", 'eval_after=["base", "warm", "trained", "control"]']
 COLUMNS = ["stage", "seed", "metric", "base", "warm", "trained", "control", "delta", "ci_low", "ci_high",
            "rl_delta", "rl_ci_low", "rl_ci_high", "vs_control", "vs_control_ci_low", "vs_control_ci_high",
            "split", "cluster", "n", "minutes"]
