@@ -35,7 +35,7 @@ def prompt_sets(cfg, tokenizer, sets: int, prompts: int, kinds=KINDS) -> dict[st
         specs = manager_calls(convs, facts, cfg.manager.turns_per_call)
         items = _take(manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], cfg.items, seed=0),
                       need, "manager items")
-        turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
+        turns = manager_turns([(it.bank, it.call) for it in items],
                               embedder, cfg.manager)
         out["manager"] = [t.prompt.messages for t in turns]
     if "answer" in kinds:

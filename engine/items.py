@@ -54,6 +54,18 @@ class RunItems:
                                         cfg.generator.batch_size, 0, b)
         return self._facts
 
+    def episodes(self, sessions: int) -> list:
+        """Episode items (rl/episodes.py) over the first `sessions` sessions of each conversation."""
+        from memr1.rl.episodes import episode_items
+
+        if ("episodes", sessions) not in self._memo:
+            self._memo["episodes", sessions] = episode_items(self.convs, self.facts(), self.cfg.manager.turns_per_call,
+                                                             sessions)
+            if not self._memo["episodes", sessions]:
+                raise ValueError(f"no {self.split} conversation has a question decided in its first {sessions} "
+                                 f"sessions: no episode items")
+        return self._memo["episodes", sessions]
+
     def manager(self, stage: str) -> list:
         """Manager items, on each call's bank (module doc): the calls whose ops can change a question's
         answer (those answers are the reward); a warm start imitates the oracle on every call."""
@@ -76,7 +88,7 @@ class RunItems:
             if pipeline == "oracle":
                 banks = oracle_banks(specs, self.embedder)
                 if guards:   # what each prompt shows picks the guard questions
-                    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"])
+                    turns = manager_turns([(b, s.call)
                                            for s, b in zip(specs, banks)], self.embedder, self.run.task.manager)
                     shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
             else:

@@ -41,6 +41,7 @@ from memr1.engine.observe import quiet
 from memr1.engine.observe.runlog import RunLog
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.training.learner import Learner
+from memr1.engine.validation import hand_on, phase_bounds, validator
 from memr1.rl.data.locomo import DataError
 from memr1.rl.generation import GREEDY
 
@@ -67,6 +68,8 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, run.task, rank, world, name)
     sampling = run.rollout_sampling(role)
     judge = make_judge(cfg, swap.view(run.base_model))
+    if n.kind == "episode":
+        return episode_stage(run, items, embedder, swap, latest, judge, val)
     its = items.manager(name) if role == "manager" else \
         items.answer(name, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
     if val:  # every val item once, greedy; the rank's share when data parallel
@@ -81,25 +84,21 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
     return AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
 
 
-def validator(run: Resolved, val_stage, policy, stage_dir: Path, save):
-    """loop.validate: the stage's greedy outcome score on the val items; each new best is checkpointed
-    and recorded in best.json, and the stage hands that checkpoint on."""
-    key = f"reward_{run.cfg.reward.kind}"
-    best = json.loads((stage_dir / "best.json").read_text()) if (stage_dir / "best.json").is_file() else None
+def episode_stage(run: Resolved, items, embedder, swap, latest: dict, judge, val: bool):
+    """The manager_episode stage (rl/episode_stage.py); for validation: every val window once, one
+    greedy episode each, no re-rolls."""
+    from memr1.rl.episode_stage import EpisodeStage
+    from memr1.rl.stages import StageConfig
 
-    def validate(step: int) -> dict:
-        nonlocal best
-        metrics = val_stage.rollout(0, policy).metrics
-        if run.world > 1:
-            metrics = dist_utils.reduce_metrics(metrics, run.world)
-        out = {f"val_{k}": metrics[k] for k in ("reward_mean", key, "em_mean", "f1_mean", "parse_failure_rate")}
-        if best is None or out[f"val_{key}"] > best["score"]:
-            save(step)
-            best = {"step": step, "score": out[f"val_{key}"], "metric": key}
-            if run.rank == 0:
-                (stage_dir / "best.json").write_text(json.dumps(best))
-        return out
-    return validate
+    cfg, scfg, episode = run.cfg, run.stage("manager_episode"), run.cfg.episode
+    sampling = run.rollout_sampling("manager")
+    if val:
+        scfg = msgspec.structs.replace(scfg, group_size=1)
+        sampling = GREEDY.with_tokens(sampling.max_new_tokens)
+        episode = msgspec.structs.replace(episode, reroll_prob=0.0)
+    frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
+    return EpisodeStage(items.episodes, frozen, embedder, scfg, sampling, run.task, cfg.reward, episode, judge,
+                        run.rank, run.world, run.seed, cfg.learner.grpo, validation=val)
 
 
 def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, swap, latest: dict,
@@ -131,18 +130,28 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
         if run.rank == 0:
             prune(stage_dir, cfg.checkpoint.keep_last, step)
 
-    validate = None
+    bounds, validate = phase_bounds(run, name), None
     if cfg.loop.validate_every and not stage_name(name).supervised:
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
-                             policy, stage_dir, save)
+                             policy, stage_dir, save, bounds)
     profiler = None
     if cfg.profile.steps and run.rank == 0:   # rank 0's traces; other ranks run unprofiled
         from memr1.engine.observe.profiling import StepProfiler
         profiler = StepProfiler(cfg.profile.steps, run.run_dir / "profile" / name, cuda=learner.device.type == "cuda")
     try:
-        out = Loop(stage, policy, learner, cfg.loop, s.steps, on_step=log or (lambda m: None), save_checkpoint=save,
-                   validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
-                   profiler=profiler).run(start)
+        out = {"steps_done": start, "stop_signal": None}
+        for phase, (begin, end) in enumerate(bounds):   # one phase unless an episode curriculum
+            if start >= end:
+                continue
+            if phase and start == begin and not hand_on(run, stage_dir, phase, begin, learner, policy,
+                                                         print if run.rank == 0 else lambda *a: None):
+                break
+            out = Loop(stage, policy, learner, cfg.loop, end, on_step=log or (lambda m: None), save_checkpoint=save,
+                       validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
+                       profiler=profiler).run(start)
+            if out["steps_done"] < end:
+                break
+            start = end
     finally:
         if log is not None:
             log.close()
@@ -212,7 +221,8 @@ def train(cfg: RunConfig) -> dict:
             say(f"stage {name}: {time.perf_counter() - t:.0f}s, hands on {final}")
             if not done:
                 stopped, stop_signal = name, signum
-                say(f"stopped during stage {name}; `memr1 train --resume {run.run_dir}` continues from its checkpoint")
+                say(f"stopped during stage {name}; `memr1 train --resume {run.run_dir}` continues from its checkpoint"
+                    if signum else f"stage {name} ends before its last phase (the promotion gate above); the run stops")
                 break
     finally:
         for built in (items, val_items):

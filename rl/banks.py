@@ -176,7 +176,7 @@ def _manager_steps(builds, dirs, generator, embedder, cfg, batch_size, latencies
                 if len(b.steps) < len(groups) for g in [groups[len(b.steps)]]]
         if not work:
             return
-        turns = manager_turns([(builds[sid].bank, g["facts"], g["speaker"], g["timestamp"])
+        turns = manager_turns([(builds[sid].bank, g)
                                for sid, g in work], embedder, cfg)
         outs = generate_all(generator, [t.prompt.messages for t in turns], sampling, batch_size, latencies, bar)
         count_capped(counts, outs)

@@ -27,6 +27,7 @@ from memr1.rl.banks import generate_all, limit_turns, run_manager, safe_name, te
 from memr1.rl.facts import facts_for
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.eval_report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
+from memr1.rl.evidence import evidence_misses, fact_turns_of, miss_rate, stored_turns
 from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.items import oracle_bank
 from memr1.rl.rag import input_counts, rag_bank
@@ -95,7 +96,7 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
     counts = {role: {"calls": 0, "capped": 0} for role in ROLES}
     bar = lambda desc: tqdm(desc=desc, total=0, unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
 
-    banks, skipped, contexts = {}, [], {}
+    banks, skipped, contexts, facts = {}, [], {}, {}
     if cfg.baseline in ("memr1", "base"):
         with bar("extract facts") as b:
             facts = facts_for(conversations, gens["extract"], task.extract,
@@ -144,6 +145,9 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
                         "memories_shown": n_mem})
     judge_info = run_judge(judge, records)
 
+    misses = {c.sample_id: evidence_misses(stored_turns(banks[c.sample_id]), questions_of(c, cfg),
+                                           fact_turns_of(c, facts.get(c.sample_id)))
+              for c in conversations if c.sample_id in banks}
     oracle_parts = []
     for c in conversations:
         if c.oracle and c.sample_id in builds:
@@ -163,6 +167,10 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
         "judge": judge_info, "skipped": skipped, "input": turn_counts(conversations, cfg),
         "manager": summarize_manager(builds, task.manager),
         "oracle": summarize_oracle(oracle_parts),
+        "evidence": {"miss_rate": miss_rate(list(misses.values())),
+                     "per_conversation": {sid: {"missed": m, "counted": n} for sid, (m, n) in misses.items()},
+                     "note": "rl/evidence.py: the share of questions whose needed evidence turns no memory came from"}
+        if misses else None,
         "config": msgspec.to_builtins(cfg), "task": msgspec.to_builtins(task), "wall_s": time.perf_counter() - t_start,
         "answers": records,
     }
@@ -248,4 +256,6 @@ def table(report: dict) -> str:
     title = (f"{report['baseline']} on {report['split']} ({report['n_conversations']} conversations, "
              f"{report['n_questions']} questions; F1 / BLEU-1 / J in %, Mem0 categories)")
     capped = ", ".join(f"{role} {n['capped']}/{n['calls']}" for role, n in report["capped"].items() if n["calls"])
-    return format_table(report["metrics"], title) + (f"\nhit the token budget: {capped}" if capped else "")
+    ev = report.get("evidence") or {}
+    miss = f"\nevidence miss: {100 * ev['miss_rate']:.1f}% of questions" if ev.get("miss_rate") is not None else ""
+    return format_table(report["metrics"], title) + (f"\nhit the token budget: {capped}" if capped else "") + miss

@@ -157,9 +157,9 @@ def oracle_bank(spec: CallSpec | None, conv: Conversation, embedder, vectors: di
     for e, vector in zip(events, embedded):
         ts = stamp[e["dia_id"]]
         if e["event"] == "ADD":
-            slots[e["slot"]] = bank.apply(Add(e["memory"], vector, e["speaker"], ts))
+            slots[e["slot"]] = bank.apply(Add(e["memory"], vector, e["speaker"], ts, (e["dia_id"],)))
         elif e["event"] == "UPDATE":
-            bank.apply(Update(slots[e["slot"]], e["memory"], vector, ts))
+            bank.apply(Update(slots[e["slot"]], e["memory"], vector, ts, (e["dia_id"],)))
         elif e["event"] == "DELETE":
             bank.apply(Delete(slots.pop(e["slot"])))
     return bank

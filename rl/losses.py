@@ -38,6 +38,13 @@ def aggregate(values: torch.Tensor, seq_ids: torch.Tensor, num_seqs: int, mode: 
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATIONS}")
 
 
+def per_call_mean(values: torch.Tensor, seq_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Each token's value replaced by its sequence's mean (a sequence never spans micro-batches)."""
+    sums = values.new_zeros(num_seqs).index_add(0, seq_ids, values)
+    counts = torch.bincount(seq_ids, minlength=num_seqs).clamp(min=1).to(values.dtype)
+    return (sums / counts)[seq_ids]
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman's k1/k2/k3)."""
     log_ratio = logp - ref_logp
@@ -60,7 +67,10 @@ def policy_loss(logp, old_logp, advantages, seq_ids, num_seqs: int, denom: Denom
     metrics are detached local sums for the caller to normalise.
     """
     advantages = advantages.to(logp.dtype)
-    log_ratio = (logp - old_logp).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    log_ratio = logp - old_logp
+    if cfg.ratio_level == "call":
+        log_ratio = per_call_mean(log_ratio, seq_ids, num_seqs)
+    log_ratio = log_ratio.clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
     ratio = log_ratio.exp()
     surr = -advantages * ratio
     surr_clipped = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
@@ -76,7 +86,10 @@ def policy_loss(logp, old_logp, advantages, seq_ids, num_seqs: int, denom: Denom
 
     keep = torch.ones_like(per_token)
     if behav_logp is not None and cfg.is_cap:
-        weight = (old_logp - behav_logp).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp).exp().detach()
+        behav_gap = old_logp - behav_logp
+        if cfg.ratio_level == "call":
+            behav_gap = per_call_mean(behav_gap, seq_ids, num_seqs)
+        weight = behav_gap.clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp).exp().detach()
         if cfg.decoupled:
             keep = (weight <= cfg.is_cap).to(per_token.dtype)  # AReaL drops, not truncates, outliers
             per_token = per_token * weight * keep

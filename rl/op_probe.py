@@ -64,7 +64,7 @@ def op_visibility(stage, items, oracles: dict) -> dict:
     scored by `stage` (a ManagerStage holding the frozen answerer, embedder and task settings)."""
     from memr1.rl.turns import manager_turns
 
-    turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
+    turns = manager_turns([(it.bank, it.call) for it in items],
                           stage.embedder, stage.task.manager)
     owners, replies, labels = [], [], []
     for i, (it, turn) in enumerate(zip(items, turns)):

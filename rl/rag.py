@@ -64,7 +64,7 @@ def rag_bank(conv, embedder, turns: list, limit: int = MAX_TEXT_BYTES) -> Memory
     if not rows:
         return bank
     vectors = embedder.embed([text for _, text in rows])
-    ops = [Add(text=text, vector=v, speaker=t.speaker, timestamp=t.timestamp) for (t, text), v in zip(rows, vectors)]
+    ops = [Add(text=text, vector=v, speaker=t.speaker, timestamp=t.timestamp, sources=(t.dia_id,)) for (t, text), v in zip(rows, vectors)]
     try:
         bank.apply_batch(ops)
     except (BankError, ValueError, UnicodeError):   # find the turn, and say which

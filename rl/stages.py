@@ -156,7 +156,7 @@ class ManagerStage:
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
-        turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"]) for it in items],
+        turns = manager_turns([(it.bank, it.call) for it in items],
                               self.embedder, self.task.manager)
         sampling = self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens)
         with span("generate"):

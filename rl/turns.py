@@ -43,6 +43,7 @@ class ManagerTurn:
     speaker: str
     timestamp: str
     prompt: ManagerPrompt          # chat messages + the bank ids behind the shown local ids
+    sources: tuple[str, ...] = ()  # the call's dialogue turns, recorded on the memories it writes
 
 
 class ManagerOutcome(msgspec.Struct):
@@ -58,15 +59,18 @@ class ManagerOutcome(msgspec.Struct):
 
 
 def manager_turns(requests: list[tuple], embedder, cfg: ManagerConfig) -> list[ManagerTurn]:
-    """One ManagerTurn per (bank, facts, speaker, timestamp), with every fact embedded in one call."""
-    flat = [f for _, facts, _, _ in requests for f in facts]
+    """One ManagerTurn per (bank, call), a call being banks.stream_groups' dict (facts, speaker,
+    timestamp, dia_ids), with every fact embedded in one call."""
+    flat = [f for _, call in requests for f in call["facts"]]
     vectors = embedder.embed(flat) if flat else []
     turns, row = [], 0
-    for bank, facts, speaker, timestamp in requests:
+    for bank, call in requests:
+        facts, speaker, timestamp = call["facts"], call["speaker"], call["timestamp"]
         shown = memories_for_facts(bank, vectors[row:row + len(facts)], cfg.top_k, speaker=speaker)
         row += len(facts)
         turns.append(ManagerTurn(list(facts), speaker, timestamp,
-                                 build_manager_prompt(facts, shown, speaker, timestamp, cfg.list_unchanged)))
+                                 build_manager_prompt(facts, shown, speaker, timestamp, cfg.list_unchanged),
+                                 tuple(call.get("dia_ids", ()))))
     return turns
 
 
@@ -81,7 +85,7 @@ def decide(pairs: list[tuple[ManagerTurn, object]], embedder, cfg: ManagerConfig
     outcomes = []
     for (turn, completion), (ops, diag) in zip(pairs, parsed):
         need = [next(vectors) for op in ops if op.event in ("ADD", "UPDATE")]
-        store = to_store_ops(ops, turn.prompt.bank_ids, need, turn.speaker, turn.timestamp)
+        store = to_store_ops(ops, turn.prompt.bank_ids, need, turn.speaker, turn.timestamp, turn.sources)
         outcomes.append(ManagerOutcome(
             status=diag.status, parsed=diag.parsed, events=[op.event for op in ops],
             invalid_ops=diag.invalid_items + diag.duplicate_ids + len(diag.hallucinated_ids),

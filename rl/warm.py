@@ -82,7 +82,7 @@ class WarmStage:
             targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.task.answer)
                        for r, it in zip(requests, items)]
         else:
-            turns = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"])
+            turns = manager_turns([(it.bank, it.call)
                                    for it in items], self.embedder, self.task.manager)
             prompts = [t.prompt.messages for t in turns]
             targets = [manager_target(t, [it.bank.get(i).text for i in t.prompt.bank_ids], it.call,

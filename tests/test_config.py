@@ -139,6 +139,15 @@ def test_dry_run_refuses_a_bad_value_in_one_line(capsys):
     assert err == "error: override 'stage.manager.group_size=0': stage.manager.group_size = 0: must be >= 1"
 
 
+def test_memory_r2s_recipe_plans_on_a_cpu_machine(capsys):
+    """configs/locomo_logo.toml (a 7B model on GPUs) prints its plan here: the episode stage's curriculum."""
+    from memr1.engine.cli import main
+    assert main(["train", "--dry-run", "--config", str(ROOT / "configs" / "locomo_logo.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "manager_episode    20 steps x 4 windows x 16 episodes" in out
+    assert "phases: 8 sessions x 10 steps (lam 0.2), 16 sessions x 5 steps (lam 0.2), 32 sessions x 5 steps (lam 0.3)" in out
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/run.toml")

@@ -114,6 +114,9 @@ def test_one_msc_row_per_line_is_still_msc(tmp_path):
      "session_2 should be a list of turns, got dict"),
     (lambda c: c["qa"][0].update(category=True), "'category' should be .*int.*, got bool"),
     (lambda c: c["qa"][0].update(answer=False), "'answer' should be .*, got bool"),
+    (lambda c: c["conversation"]["session_1"][0].update(dia_id=""), "'dia_id' should be 1 to 64 bytes, got 0"),
+    (lambda c: c["conversation"]["session_1"][0].update(dia_id="D" * 65), "'dia_id' should be 1 to 64 bytes, got 65"),
+    (lambda c: c["conversation"]["session_1"][0].update(dia_id="D\ud800"), "'dia_id' is not valid Unicode"),
 ])
 def test_wrongly_typed_locomo_fields_are_errors_not_guesses(tmp_path, mutate, match):
     data = synthesize(1, seed=2)

@@ -50,14 +50,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def assert_same_run(dp: Path, single: Path):
+def assert_same_run(dp: Path, single: Path, stages=STAGES, keys=()):
     got, want = rows(dp), rows(single)   # written once per step, by rank 0 alone
     assert [(r["stage"], r["step"]) for r in got] == [(r["stage"], r["step"]) for r in want]
     for g, w in zip(got, want):
-        for key in ("positions", "response_tokens", "reward_mean", "em_mean", "nll", "loss"):
+        for key in ("positions", "response_tokens", "reward_mean", "em_mean", "nll", "loss", *keys):
             if key in w:
                 assert g[key] == pytest.approx(w[key], abs=1e-5), (g["stage"], g["step"], key)
-    for stage in STAGES:
+    for stage in stages:
         a, b = (load_file(latest_checkpoint(run / stage) / "model.safetensors") for run in (dp, single))
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5, stage
         assert {p.name for p in latest_checkpoint(dp / stage).glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
@@ -73,6 +73,28 @@ def test_two_ranks_train_the_single_process_run(tiny_model, single, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.count('"checkpoints"') == 1  # rank 0 alone prints
     assert_same_run(dp, single)
+
+
+# The episode stage: each rank runs its share of the windows (their episodes, re-rolls and answers);
+# an item's draws depend on the step and the item alone, so the ranks' batches are the single process's.
+EPISODE = ["stage.manager_episode.prompts_per_step=2", "stage.manager_episode.group_size=2",
+           "stage.manager_episode.steps=2", "stage.manager_episode.lr=1e-4", "episode.sessions=2",
+           "episode.inner_n=2", "episode.reroll_prob=0.5", "episode.local_questions=2", "episode.global_questions=4"]
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_single_process_episode_stage(tiny_model, tmp_path):
+    args = overrides(tiny_model, tmp_path / "single", 2, ["manager_episode"]) + EXTRA + EPISODE
+    train_mod.train(load_config(None, args))
+    dp, config = tmp_path / "dp", tmp_path / "run.toml"
+    config.write_text("# everything from the overrides\n")
+    out = subprocess.run(launcher(config, overrides(tiny_model, dp, 2, ["manager_episode"]) + EXTRA + EPISODE,
+                                  ["--standalone", "--nproc_per_node", "2"]),
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert_same_run(dp, tmp_path / "single", ["manager_episode"],
+                    ("reward_em", "evidence_miss", "final_memories", "episodes", "forks", "bank_ops", "completions"))
+    assert rows(dp)[0]["episodes"] == 2 * 2 and rows(dp)[0]["completions"] > 0
 
 
 @pytest.mark.slow

@@ -351,3 +351,16 @@ def test_a_sample_id_never_leaves_the_cache_folder(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cache" / "banks").iterdir()) == sorted(
         safe_name(c.sample_id) for c in hostile)
     assert not (tmp_path / "abs").exists()
+
+
+def test_evidence_miss_of_the_oracle_playing_manager_is_the_oracle_banks(tmp_path):
+    """Memories carry their source turns through the manager's ops as the oracle's bank records them:
+    neither misses a question's evidence, nor does a RAG bank of every turn."""
+    gen = OracleFake(CONVS)
+    memr1 = run(tmp_path / "m", gen)["evidence"]
+    oracle = run(tmp_path / "o", gen, baseline="oracle")["evidence"]
+    rag = run(tmp_path / "r", gen, baseline="rag")["evidence"]
+    assert memr1["per_conversation"] == oracle["per_conversation"]
+    assert memr1["miss_rate"] == oracle["miss_rate"] == rag["miss_rate"] == 0.0
+    counted = sum(v["counted"] for v in memr1["per_conversation"].values())
+    assert counted == sum(q.answer != "none" for c in CONVS for q in c.qa)

@@ -78,7 +78,7 @@ def test_guard_questions_are_on_shown_memories_of_the_history_and_no_item_is_dea
     cfg = ManagerConfig(top_k=5, turns_per_call=2, list_unchanged=False)
     specs = manager_calls(convs, facts, 2, every_call=True)
     banks = oracle_banks(specs, embedder)
-    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"]) for s, b in zip(specs, banks)],
+    turns = manager_turns([(b, s.call) for s, b in zip(specs, banks)],
                           embedder, cfg)
     shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
     items = manager_items(specs, banks, ItemsConfig(guard_questions=2), 0, shown, keep_empty=False)

@@ -140,3 +140,31 @@ def test_grpo_std_conventions_and_dr_grpo():
     assert grpo.std == "none" and loss.aggregation == "seq-mean-token-sum-norm" and loss.horizon == 128
     with pytest.raises(ValueError, match="std"):
         GRPOConfig(std="sample")
+
+
+def test_call_level_ratio_clips_a_calls_tokens_together():
+    """ratio_level = "call": every token of a sequence carries exp(mean log-ratio of the sequence), and
+    the behaviour importance weight likewise, against a reference computed per sequence by hand."""
+    logp = torch.tensor([-1.0, -2.0, -0.5, -1.5, -3.0], requires_grad=True)
+    old = torch.tensor([-1.2, -1.5, -0.6, -1.0, -3.4])
+    behav = torch.tensor([-1.1, -1.6, -0.4, -1.2, -3.0])
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0])
+    cfg = LossConfig(ratio_level="call", clip_low=0.1, clip_high=0.1, dual_clip=0.0)
+    loss, m = policy_loss(logp, old, adv, SEQ, 2, DENOM, cfg, behav_logp=behav)
+    expected = 0.0
+    for seq in (0, 1):
+        idx = (SEQ == seq).nonzero().flatten()
+        r = math.exp((logp[idx] - old[idx]).mean().item())
+        w = min(math.exp((old[idx] - behav[idx]).mean().item()), cfg.is_cap)
+        a = adv[idx[0]].item()
+        per_token = max(-a * r, -a * min(max(r, 0.9), 1.1)) * w
+        expected += per_token * len(idx)
+    assert loss.item() == pytest.approx(expected / 5, rel=1e-6)
+    assert m["ratio"].item() == pytest.approx(3 * math.exp((logp[:3] - old[:3]).mean().item())
+                                              + 2 * math.exp((logp[3:] - old[3:]).mean().item()), rel=1e-6)
+    # with one token per sequence the two levels are the same loss
+    one = torch.arange(5)
+    token, _ = policy_loss(logp, old, adv, one, 5, Denom(tokens=5, seqs=5), LossConfig(), behav_logp=behav)
+    call, _ = policy_loss(logp, old, adv, one, 5, Denom(tokens=5, seqs=5), LossConfig(ratio_level="call"),
+                          behav_logp=behav)
+    assert call.item() == pytest.approx(token.item())

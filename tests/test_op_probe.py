@@ -21,7 +21,7 @@ def setup_items(n=20):
     convs = load_conversations(None, n=n, split="train")
     specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2, every_call=True)
     banks = oracle_banks(specs, embedder)
-    turns = manager_turns([(b, s.call["facts"], s.call["speaker"], s.call["timestamp"]) for s, b in zip(specs, banks)],
+    turns = manager_turns([(b, s.call) for s, b in zip(specs, banks)],
                           embedder, MANAGER)
     shown = [[b.get(i).text for i in t.prompt.bank_ids] for t, b in zip(turns, banks)]
     items = manager_items(specs, banks, ItemsConfig(guard_questions=2), 0, shown, keep_empty=False)
@@ -41,7 +41,7 @@ def test_each_variant_makes_its_one_mistake():
     oracles = {c.sample_id: c.oracle for c in convs}
     seen = Counter()
     for it in items:
-        turn = manager_turns([(it.bank, it.call["facts"], it.call["speaker"], it.call["timestamp"])], embedder,
+        turn = manager_turns([(it.bank, it.call)], embedder,
                              MANAGER)[0]
         shown = [it.bank.get(i).text for i in turn.prompt.bank_ids]
         target, wrong = wrong_replies(it, shown, oracles[it.conversation], False, turn)

@@ -21,6 +21,7 @@ from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.eval import EvalConfig, evaluate
 from memr1.rl.eval_report import oracle_scores
+from scripted import ScriptedGenerator
 from memr1.rl.generation import Completion, SamplingConfig
 from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
 from memr1.rl.rewards import RewardConfig
@@ -83,22 +84,6 @@ def test_one_step_end_to_end(setup, stage_name, k):
         assert metrics[0]["reward_format"] == -1.0 and metrics[0]["frozen_answers"] > 0
 
 
-class ScriptedGenerator:
-    """Completion j of each prompt's group is texts[j]; every prompt is recorded."""
-    weight_version = 0
-
-    def __init__(self, texts, finish="stop"):
-        self.texts, self.finish, self.prompts = texts, finish, []
-
-    def generate(self, prompts, n, sampling):
-        self.prompts += prompts
-        def digest(p):
-            return [zlib.crc32(json.dumps(p).encode()) % 40000 + 1, 7]
-        return [[Completion(prompt_index=i, token_ids=[5 + j, 6], logprobs=[-1.0, -1.0], text=self.texts[j % len(self.texts)],
-                            finish_reason=self.finish, weight_version=0, prompt_token_ids=digest(p)) for j in range(n)]
-                for i, p in enumerate(prompts)]
-
-
 def test_forks_keep_rollouts_independent(setup):
     _, _, embedder, manager_items_, _, _ = setup
     item = manager_items_[0]
@@ -140,7 +125,7 @@ def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns
     scripted = {}   # training path: the item's prompt -> the oracle's ops for it, and the events they apply
     for spec in specs:
         bank = oracle_bank(spec, spec.conv, embedder)
-        turn = manager_turns([(bank, spec.call["facts"], spec.call["speaker"], spec.call["timestamp"])],
+        turn = manager_turns([(bank, spec.call)],
                              embedder, manager)[0]
         target = manager_target(turn, [bank.get(i).text for i in turn.prompt.bank_ids], spec.call, spec.conv.oracle,
                                 list_unchanged)

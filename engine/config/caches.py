@@ -33,7 +33,9 @@ def cache_keys(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple
     common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
               "dtype": cfg.generator.dtype, "backend": cfg.generator.backend, "max_turns": max_turns}
     facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract)})
-    bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager)})
+    # "bank": what a built bank records; 2 = memories carry their source turns (evidence recall)
+    bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
+                        "bank": 2})
     return facts_key, bank_key
 
 

@@ -66,6 +66,13 @@ def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
              f"{cfg.generator.backend} colocated on the same device(s)"]
     for name, s in stage_configs(cfg).items():
         budget = cfg.manager.max_new_tokens if stage_name(name).role == "manager" else cfg.answer.max_new_tokens
+        if stage_name(name).kind == "episode":
+            e = cfg.episode
+            phases = ", ".join(f"{p.sessions} sessions x {p.steps} steps (lam {p.compression:g})" for p in e.phases(s.steps))
+            lines.append(f"  {name:13} {s.steps:>5} steps x {s.prompts_per_step} windows x {s.group_size} episodes, "
+                         f"every call of each; per session a re-roll group of {e.inner_n} with p {e.reroll_prob:g}; "
+                         f"phases: {phases}; lr {s.lr:g}, up to {budget} new tokens a call")
+            continue
         lines.append(f"  {name:13} {s.steps:>5} steps x {s.prompts_per_step} prompts x {s.group_size} = "
                      f"{s.prompts_per_step * s.group_size} completions/step ({s.prompts_per_step // max(world, 1)} "
                      f"prompts per rank), lr {s.lr:g}, up to {budget} new tokens")

@@ -27,6 +27,7 @@ from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.extract import ExtractConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.eval import EvalConfig
+from memr1.rl.episodes import EpisodeConfig
 from memr1.rl.items import ItemsConfig
 from memr1.rl.judge import JudgeConfig
 from memr1.rl.rewards import RewardConfig
@@ -86,6 +87,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stages: list[str] = msgspec.field(default_factory=lambda: ["manager", "answer"])
     stage: StagesConfig = msgspec.field(default_factory=StagesConfig)
     items: ItemsConfig = msgspec.field(default_factory=ItemsConfig)
+    episode: EpisodeConfig = msgspec.field(default_factory=EpisodeConfig)   # the manager_episode stage
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)

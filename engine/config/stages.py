@@ -1,7 +1,8 @@
 """The stages a run may list, their typed names, and their settings (`[stage.<name>]`).
 
 A stage's name says whose weights it trains and how: "<role>" is RL, "<role>_warm" the supervised warm
-start, "<role>_control" the RL stage's supervised control. `stage_name` parses a name, and nothing else
+start, "<role>_control" the RL stage's supervised control, "manager_episode" RL over whole sessions
+(rl/episodes.py: Memory-R2's episodes, local re-rolls and session curriculum). `stage_name` parses a name, and nothing else
 splits one, so a mistyped name fails at config load.
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     answer: StageConfig = msgspec.field(default_factory=StageConfig)
     manager_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
     answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
+    # prompts_per_step counts episode items (conversation windows), group_size the episodes of each (G)
+    manager_episode: StageConfig = msgspec.field(default_factory=lambda: StageConfig(prompts_per_step=1))
     # Stage 1's frozen answer agent: "latest" = this run's newest answer-agent checkpoint when one
     # exists (an answer stage ran before the manager's), else the base model; "base"; or a checkpoint.
     frozen_answer: str = "latest"
@@ -33,18 +36,19 @@ class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 # A "<role>_control" stage is the supervised control of that role's RL stage (see `stage_config`).
-STAGES = ("manager_warm", "manager", "manager_control", "answer_warm", "answer", "answer_control")
+STAGES = ("manager_warm", "manager", "manager_control", "manager_episode", "answer_warm", "answer", "answer_control")
 
 
 class StageName(NamedTuple):
     """A stage's identity, parsed from its name by `stage_name` and nowhere else."""
     role: str    # "manager" | "answer": whose weights it trains
-    kind: str    # "rl"; "warm" (the supervised warm start); "control" (the RL stage's supervised control)
+    kind: str    # "rl"; "warm" (the supervised warm start); "control" (the RL stage's supervised control);
+                 # "episode" (RL over sessions)
 
     @property
     def supervised(self) -> bool:
         """It trains scripted oracle replies (a warm start or a control), not sampled ones."""
-        return self.kind != "rl"
+        return self.kind in ("warm", "control")
 
     def of(self, kind: str) -> str:
         """The name of this role's stage of `kind`."""
@@ -67,4 +71,6 @@ def stage_config(cfg: RunConfig, name: str) -> StageConfig:
     if n.kind == "control":
         rl, warm = getattr(cfg.stage, n.of("rl")), getattr(cfg.stage, n.of("warm"))
         return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
+    if n.kind == "episode" and cfg.episode.curriculum:   # the curriculum's phases set the steps
+        return msgspec.structs.replace(cfg.stage.manager_episode, steps=sum(p.steps for p in cfg.episode.curriculum))
     return getattr(cfg.stage, name)

@@ -120,7 +120,9 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---- data-parallel rollouts: the loop's agreement ----
-SUMMED = ("response_tokens", "frozen_answers")   # rollout metrics that add up over ranks
+# rollout metrics that add up over ranks (the episode stage's counts among them)
+SUMMED = ("response_tokens", "frozen_answers", "completions", "episodes", "forks", "bank_ops", "groups_global",
+          "groups_local")
 
 
 def all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:

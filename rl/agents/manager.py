@@ -166,19 +166,21 @@ def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfi
     return ops, diag
 
 
-def to_store_ops(ops: list[ManagerOp], bank_ids: list[int], vectors, speaker: str, timestamp: str = ""):
+def to_store_ops(ops: list[ManagerOp], bank_ids: list[int], vectors, speaker: str, timestamp: str = "",
+                 sources: tuple[str, ...] = ()):
     """memory_store operations for `bank.apply_batch`; `vectors` holds one embedding per ADD / UPDATE op,
-    in order (the caller embeds many completions' texts in one call). NONE ops are dropped."""
+    in order (the caller embeds many completions' texts in one call). NONE ops are dropped. `sources`:
+    the call's dialogue turn ids, recorded on what its ADDs and UPDATEs write (evidence recall)."""
     # Imported here so prompts and parsers work without the native bank (e.g. in eval tooling).
     from memr1.memory_store import Add, Delete, Update
 
     out, row = [], 0
     for op in ops:
         if op.event == "ADD":
-            out.append(Add(text=op.text, vector=vectors[row], speaker=speaker, timestamp=timestamp))
+            out.append(Add(text=op.text, vector=vectors[row], speaker=speaker, timestamp=timestamp, sources=sources))
         elif op.event == "UPDATE":
             out.append(Update(id=bank_ids[op.local_id], text=op.text, vector=vectors[row],
-                              timestamp=timestamp or None))
+                              timestamp=timestamp or None, sources=sources))
         elif op.event == "DELETE":
             out.append(Delete(id=bank_ids[op.local_id]))
         row += op.event in ("ADD", "UPDATE")

@@ -27,12 +27,17 @@ class LossConfig(msgspec.Struct, frozen=True, kw_only=True):
     aggregation: Aggregation = "token-mean"
     horizon: Annotated[int, Meta(ge=0)] = 0       # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
     value_clip: Annotated[float, Meta(ge=0)] = 0.2
+    # What one importance ratio covers: each token, or the whole call (a response's mean token
+    # log-ratio, as Memory-R2's turn-level ratio and GSPO take it), so a call's tokens clip together.
+    ratio_level: Literal["token", "call"] = "token"
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"LossConfig.aggregation={self.aggregation!r}; expected one of {AGGREGATIONS}")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             raise ValueError(f"LossConfig.kl_estimator={self.kl_estimator!r}; expected k1, k2 or k3")
+        if self.ratio_level not in ("token", "call"):
+            raise ValueError(f"LossConfig.ratio_level={self.ratio_level!r}; expected token or call")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError("LossConfig.clip_low and clip_high must be >= 0")
         if self.dual_clip and self.dual_clip <= 1.0:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.memory_store.records import MAX_SOURCE_BYTES
+
 CATEGORY_NAMES = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
 SPLITS = ("train", "val", "test")
 # Memory-R1's split of locomo10: one conversation to train, one to validate, the other eight to test.
@@ -93,6 +95,12 @@ def _session_numbers(conv: dict, where: str) -> list[int]:
 def parse_turn(raw: dict, timestamp: str, where: str) -> Turn:
     speaker = _need(raw, "speaker", str, where)
     dia_id = _need(raw, "dia_id", str, where)
+    try:   # memories record their turn ids (evidence recall), which the bank bounds
+        size = len(dia_id.encode("utf-8"))
+    except UnicodeError:
+        raise DataError(f"{where}: 'dia_id' is not valid Unicode") from None
+    if not 1 <= size <= MAX_SOURCE_BYTES:
+        raise DataError(f"{where}: 'dia_id' should be 1 to {MAX_SOURCE_BYTES} bytes, got {size}")
     text = raw.get("text", "")
     if not isinstance(text, str):
         raise DataError(f"{where}: 'text' should be a string")

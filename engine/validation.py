@@ -1,0 +1,79 @@
+"""Validation during a stage, and the session curriculum that hands its best checkpoints on.
+
+A stage with `loop.validate_every` scores the val split greedily every N steps; each new best is
+checkpointed and named in `<stage>/best.json`, and the stage hands that checkpoint on. The session
+curriculum of an episode stage (rl/episodes.py, `episode.curriculum`): the stage's steps
+run phase by phase, and each phase after the first starts from the previous phase's best-validation
+checkpoint (when the stage validates) once that checkpoint passes the promotion gate on the
+evidence-miss rate. Other stages are one phase of all their steps.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from memr1.engine.config.stages import stage_name
+from memr1.engine.generation.weights import push_weights
+from memr1.engine.training.dist import reduce_metrics
+
+
+def phase_bounds(run, name: str) -> list[tuple[int, int]]:
+    """[(first step, one past the last step)] of each phase of stage `name` (0-based steps)."""
+    steps = run.stage(name).steps
+    if stage_name(name).kind != "episode":
+        return [(0, steps)]
+    out, begin = [], 0
+    for p in run.cfg.episode.phases(steps):
+        out.append((begin, begin + p.steps))
+        begin += p.steps
+    return out
+
+
+def phase_of(bounds: list[tuple[int, int]], step: int) -> int:
+    """The phase that trained step number `step` (1-based, as the loop counts) belongs to."""
+    return next((i for i, (begin, end) in enumerate(bounds) if begin < step <= end), len(bounds) - 1)
+
+
+def hand_on(run, stage_dir: Path, phase: int, begin: int, learner, policy, say=print) -> bool:
+    """Before phase `phase` starts at step `begin`: load the previous phase's best-validation checkpoint
+    into the learner and the policy engine. False (stop the stage) when that checkpoint fails the gate."""
+    best_file = stage_dir / "best.json"
+    if not run.cfg.loop.validate_every or not best_file.is_file():
+        return True   # no validation: the phase goes on from the weights the last one ended with
+    best = json.loads(best_file.read_text())
+    if best.get("phase") != phase - 1:
+        return True
+    miss, gate = best.get("evidence_miss"), run.cfg.episode.max_evidence_miss
+    if miss is not None and miss > gate:
+        say(f"stage manager_episode: phase {phase} not started: the best checkpoint of phase {phase - 1} "
+            f"(step {best['step']}) misses {miss:.3f} of the evidence, above episode.max_evidence_miss={gate}")
+        return False
+    learner.load_checkpoint(str(stage_dir / "checkpoints" / f"step_{best['step']}"))
+    learner.step = learner.version = begin   # the loop's counters go on from the phase's first step
+    push_weights(learner, policy, begin)
+    say(f"stage manager_episode: phase {phase} starts from step {best['step']}, the best of phase {phase - 1}")
+    return True
+
+
+def validator(run, val_stage, policy, stage_dir: Path, save, bounds: list[tuple[int, int]]):
+    """loop.validate: the stage's greedy outcome score on the val items; each new best of the current
+    phase is checkpointed and recorded in best.json (with its phase), and the stage hands it on."""
+    key = f"reward_{run.cfg.reward.kind}"
+    best = json.loads((stage_dir / "best.json").read_text()) if (stage_dir / "best.json").is_file() else None
+
+    def validate(step: int) -> dict:
+        nonlocal best
+        metrics = val_stage.rollout(step - 1, policy).metrics   # the step's items; an episode stage's phase
+        if run.world > 1:
+            metrics = reduce_metrics(metrics, run.world)
+        out = {f"val_{k}": metrics[k] for k in ("reward_mean", key, "em_mean", "f1_mean", "parse_failure_rate",
+                                                 "evidence_miss") if k in metrics}
+        phase = phase_of(bounds, step)   # a later phase scores longer windows: its scores start afresh
+        if best is None or best.get("phase", 0) != phase or out[f"val_{key}"] > best["score"]:
+            save(step)
+            best = {"step": step, "score": out[f"val_{key}"], "metric": key, "phase": phase,
+                    "evidence_miss": out.get("val_evidence_miss")}
+            if run.rank == 0:
+                (stage_dir / "best.json").write_text(json.dumps(best))
+        return out
+    return validate
