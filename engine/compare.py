@@ -90,6 +90,7 @@ def row_of(report: dict) -> dict:
             **{name: pct(o.get(name)) for name, *_ in OP_ACCURACY_VARIANTS},
             "parse_failure": 100 * mgr.get("status", {}).get("parse_error", 0) / calls if calls else None,
             "events": mgr.get("events"), "memories": sum(memories) / len(memories) if memories else None,
+            "evidence_miss": pct((report.get("evidence") or {}).get("miss_rate")),
             "capped": {role: c["rate"] for role, c in report["capped"].items()}}
 
 
@@ -112,11 +113,12 @@ def summarize(reports: dict[str, Path], resamples: int, seed: int) -> dict:
 
 def format_summary(summary: dict, split: str) -> str:
     cell = lambda x: "-" if x is None else f"{x:.1f}"
-    lines = [f"held-out {split} split (points; oracle_banks = the answer agent on the synthetic oracle's banks)",
-             f"{'policy':34} {'EM':>6} {'F1':>6} {'BLEU-1':>7} {'op acc':>7} {'n':>5}"]
+    lines = [f"held-out {split} split (points; oracle_banks = the answer agent on the synthetic oracle's banks; "
+             f"ev miss = questions whose evidence turns no memory came from)",
+             f"{'policy':34} {'EM':>6} {'F1':>6} {'BLEU-1':>7} {'op acc':>7} {'ev miss':>7} {'n':>5}"]
     for label, r in summary["rows"].items():
         lines.append(f"{label:34} {cell(r['em']):>6} {cell(r['f1']):>6} {cell(r['bleu1']):>7} "
-                     f"{cell(r['op_accuracy']):>7} {r['n']:>5}")
+                     f"{cell(r['op_accuracy']):>7} {cell(r.get('evidence_miss')):>7} {r['n']:>5}")
     lines.append("paired differences, b - a, with 95% bootstrap intervals (conversations resampled):")
     for name, metrics in summary["comparisons"].items():
         parts = [f"{m} {r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for m, r in metrics.items()
