@@ -173,16 +173,27 @@ class EpisodeStage:
         keys = {key: n for n, key in enumerate(dict.fromkeys(u[3] for u in units))}
         totals = [sum(u[2].values()) for u in units]
         adv = level_advantages(totals, [keys[u[3]] for u in units], [u[4] for u in units], self.grpo)
-        groups, outcomes = [], []
+        # Calls with the same prompt (the G episodes' first call, a re-roll group's first call, and any
+        # call where lanes' banks agree) become one group of responses, each with its own advantage, so
+        # the learner computes that prompt once.
+        by_prompt: dict[tuple, dict] = {}
+        outcomes = []
         for (lane, k, parts, key, _), total, a in zip(units, totals, adv):
             for sk, completion, outcome in lane.calls:
                 if sk != k:
                     continue
                 outcomes.append(outcome)
-                groups.append(Group(prompt_ids=list(completion.prompt_token_ids), responses=[list(completion.token_ids)],
-                                    behav_logprobs=[list(completion.logprobs)], rewards=[total],
-                                    breakdown={p: [v] for p, v in parts.items()}, truncated=[hit_cap(completion)],
-                                    advantages=[a], source=f"{items[lane.item].conv.sample_id} {key[0]} s{k + 1}"))
+                g = by_prompt.setdefault(tuple(completion.prompt_token_ids), {
+                    "responses": [], "behav_logprobs": [], "rewards": [], "truncated": [], "advantages": [],
+                    "breakdown": {p: [] for p in parts}, "source": f"{items[lane.item].conv.sample_id} s{k + 1}"})
+                g["responses"].append(list(completion.token_ids))
+                g["behav_logprobs"].append(list(completion.logprobs))
+                g["rewards"].append(total)
+                g["truncated"].append(hit_cap(completion))
+                g["advantages"].append(a)
+                for p, v in parts.items():
+                    g["breakdown"][p].append(v)
+        groups = [Group(prompt_ids=list(ids), **g) for ids, g in by_prompt.items()]
         return Rollout(TrainBatch(groups), self.metrics(items, episodes, answered, units, totals, outcomes, groups,
                                                         phase, gen_s, forks, t0))
 
@@ -224,7 +235,8 @@ class EpisodeStage:
                     "final_words": per_item(lambda i: [lane.words[-1] for lane in episodes[i] if lane.words]),
                     "episodes": len(lanes), "sessions": phase.sessions,
                     "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
-                    "response_tokens": sum(g.response_tokens for g in groups), "completions": len(groups),
+                    "response_tokens": sum(g.response_tokens for g in groups), "completions": sum(map(len, groups)),
+                    "prompts": len(groups),
                     "forks": forks, "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied)})
         return out
 

@@ -120,12 +120,16 @@ def test_a_reroll_starts_from_its_episodes_snapshot_and_never_changes_it():
     assert written and not any(w in later for w in written)
     m = rollout.metrics
     assert m["groups_local"] == 2 and m["groups_global"] == 2 and m["episodes"] == 4
-    levels = [g.source.split()[1] for g in rollout.batch.groups]
-    calls = [len(c) for c in items[0].calls]
-    assert levels.count("global") == 4 * sum(calls) and levels.count("local") == 3 * sum(calls)
+    groups, calls = rollout.batch.groups, [len(c) for c in items[0].calls]
+    assert m["completions"] == sum(map(len, groups)) == (4 + 3) * sum(calls)   # every call of every lane
+    # calls with one prompt are one group: session 1's first call of each speaker (all 7 lanes still
+    # hold none of that speaker's memories), and in session 2 the same for the re-rolls and the episode
+    # they forked; every other call's lanes hold different notes
+    assert len({tuple(g.prompt_ids) for g in groups}) == len(groups) == m["prompts"]
+    assert sorted(len(g) for g in groups if len(g) > 1) == [4, 4, 7, 7]
     assert m["final_memories"] == sum(calls)   # one ADD per call of its own, none of the re-rolls'
     assert m["bank_ops"] == (4 + 3) * sum(calls)   # both sessions re-rolled (reroll_prob 1)
-    assert all(g.advantages is not None and len(g) == 1 for g in rollout.batch.groups)
+    assert all(g.advantages is not None for g in rollout.batch.groups)
 
 
 def test_a_snapshot_fork_holds_the_episode_as_it_was():

@@ -121,7 +121,7 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 # ---- data-parallel rollouts: the loop's agreement ----
 # rollout metrics that add up over ranks (the episode stage's counts among them)
-SUMMED = ("response_tokens", "frozen_answers", "completions", "episodes", "forks", "bank_ops", "groups_global",
+SUMMED = ("response_tokens", "frozen_answers", "completions", "prompts", "episodes", "forks", "bank_ops", "groups_global",
           "groups_local")
 
 
