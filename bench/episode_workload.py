@@ -1,14 +1,12 @@
-"""The bank side of bench.episodes: one LoGo-GRPO step's bank work, generation excluded, as a script
-made once and replayed by every impl. G episodes over S sessions, banks empty at the start; a session
-is 5-7 manager calls, each a top-25 search of its speaker's memories and 1-2 ops (ADD 75%, UPDATE 15%,
-DELETE 5%, NONE 5%, on live ids); every bank is snapshotted after every session (Memory-R2 pickles it,
-keyed (conversation, session, rollout)); per session, with probability 0.5, one episode's snapshot at
-k - 1 is re-run inner_n times, each re-run answering 16 questions (top-30 of each of 2 speakers); each
-final bank answers 64. Vectors: 384-d, clustered, unit length.
-MatrixBank is the numpy bank a competent Python user writes; `Side` is each impl's calls (memr1: fork;
-pickle_snapshots: a file per (episode, session), loaded per re-roll, as Memory-R2 does; deepcopy:
-copy.deepcopy in memory); `replay` is the timed step. `retain`: "step" keeps every snapshot until the
-step ends (Memory-R2 keeps its files), "window" drops those at k - 1 once session k's re-rolls are done."""
+"""The bank side of bench.episodes: one LoGo-GRPO step's bank work, a script made once and replayed by
+every impl. G episodes over S sessions from empty banks; a session is 5-7 manager calls, each a top-25
+search of its speaker's memories and 1-2 ops (MIX, on live ids); every bank is snapshotted after every
+session; per session, with probability 0.5, one episode's snapshot at k - 1 is re-run inner_n times,
+each answering 16 questions (top-30 per speaker); each final bank answers 64. Vectors: 384-d, clustered.
+MatrixBank (bench.matrix_bank): the numpy baseline's bank; `Side`: each impl's calls (memr1: fork; pickle: a
+file per (episode, session), loaded per re-roll, as Memory-R2 does; deepcopy: in memory); `replay`: the
+timed step. `retain`: "step" keeps every snapshot to the step's end (as Memory-R2 keeps its files),
+"window" drops those at k - 1 once session k's re-rolls are done."""
 import copy
 import itertools
 import os
@@ -18,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memr1.bench.matrix_bank import SPEAKERS, MatrixBank
 from memr1.bench.memory_impls import DIM, clustered, unit
 
-SPEAKERS = ("Caroline", "Melanie")
 MIX = {"add": 0.75, "update": 0.15, "delete": 0.05, "none": 0.05}
 IMPLS = ("memr1", "pickle_snapshots", "deepcopy")
 
@@ -100,82 +98,6 @@ def make_script(shape: Shape) -> Script:
 
 def text_of(row: int, speaker: str) -> str:
     return f"{speaker} mentioned fact #{row} about topic {row % 97} on a weekday"
-
-
-class MatrixBank:
-    """What a competent Python user writes: per speaker, the unit float32 vectors of its live memories
-    packed in one matrix (capacity doubling) beside their ids; id -> (speaker, row, text). A search is
-    one matvec over the speaker's rows + argpartition, exact; a DELETE moves the speaker's last row into
-    the hole, so no search scans dead rows or the other speaker's."""
-
-    def __init__(self):
-        self.m = {s: np.empty((0, DIM), np.float32) for s in SPEAKERS}
-        self.ids = {s: np.empty(0, np.int64) for s in SPEAKERS}
-        self.n = dict.fromkeys(SPEAKERS, 0)
-        self.mem: dict[int, tuple[str, int, str]] = {}
-        self.next_id = 0
-
-    def apply(self, op: tuple):
-        kind, mid, vec, text, speaker = op
-        if kind == "none":
-            return None
-        if kind == "add":
-            mid, row = self.next_id, self.n[speaker]
-            if row == len(self.m[speaker]):
-                self._grow(speaker)
-            self.ids[speaker][row] = mid
-            self.n[speaker], self.next_id = row + 1, mid + 1
-        elif kind == "update":
-            speaker, row, _ = self.mem[mid]
-        else:
-            speaker, row, _ = self.mem.pop(mid)
-            last = self.n[speaker] = self.n[speaker] - 1
-            if row != last:   # the last row fills the hole
-                moved = int(self.ids[speaker][last])
-                self.m[speaker][row], self.ids[speaker][row] = self.m[speaker][last], moved
-                self.mem[moved] = (speaker, row, self.mem[moved][2])
-            return mid
-        self.m[speaker][row] = vec
-        self.mem[mid] = (speaker, row, text)
-        return mid
-
-    def _grow(self, speaker: str) -> None:
-        n, cap = self.n[speaker], max(16, 2 * len(self.m[speaker]))
-        m, ids = np.empty((cap, DIM), np.float32), np.empty(cap, np.int64)
-        m[:n], ids[:n] = self.m[speaker][:n], self.ids[speaker][:n]
-        self.m[speaker], self.ids[speaker] = m, ids
-
-    def search(self, q: np.ndarray, k: int, speaker: str) -> tuple[np.ndarray, np.ndarray]:
-        n = self.n[speaker]
-        k = min(k, n)
-        if k == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float32)
-        s = self.m[speaker][:n] @ q
-        top = np.argpartition(-s, k - 1)[:k] if k < n else np.arange(n)
-        top = top[np.argsort(-s[top], kind="stable")]
-        return self.ids[speaker][top], s[top]
-
-    def __len__(self) -> int:
-        return len(self.mem)
-
-    def __getstate__(self) -> dict:  # the used rows only: pickle writes no spare capacity
-        n = self.n
-        return {"m": {s: a[:n[s]] for s, a in self.m.items()}, "ids": {s: a[:n[s]] for s, a in self.ids.items()},
-                "n": n, "mem": self.mem, "next_id": self.next_id}
-
-    def __setstate__(self, st: dict) -> None:  # capacity = rows; the next ADD doubles it
-        self.__dict__.update(st)
-
-    def __deepcopy__(self, memo) -> "MatrixBank":
-        """A deep copy at its best: the used rows of each array (capacity kept, unwritten), the dict copied
-        shallowly (its values are tuples of str and int, immutable), no generic per-object walk."""
-        c = MatrixBank.__new__(MatrixBank)
-        c.m, c.ids = {}, {}
-        for s, n in self.n.items():
-            c.m[s], c.ids[s] = np.empty_like(self.m[s]), np.empty_like(self.ids[s])
-            c.m[s][:n], c.ids[s][:n] = self.m[s][:n], self.ids[s][:n]
-        c.n, c.mem, c.next_id = dict(self.n), dict(self.mem), self.next_id
-        return c
 
 
 class Side:
