@@ -15,8 +15,6 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.memory_store.records import MAX_SOURCE_BYTES
-
 CATEGORY_NAMES = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
 SPLITS = ("train", "val", "test")
 # Memory-R1's split of locomo10: one conversation to train, one to validate, the other eight to test.
@@ -95,7 +93,10 @@ def _session_numbers(conv: dict, where: str) -> list[int]:
 def parse_turn(raw: dict, timestamp: str, where: str) -> Turn:
     speaker = _need(raw, "speaker", str, where)
     dia_id = _need(raw, "dia_id", str, where)
-    try:   # memories record their turn ids (evidence recall), which the bank bounds
+    # Memories record their turn ids (evidence recall), which the bank bounds. Imported here: the GPU
+    # learner path imports this package's configs and must not load the native bank.
+    from memr1.memory_store.records import MAX_SOURCE_BYTES
+    try:
         size = len(dia_id.encode("utf-8"))
     except UnicodeError:
         raise DataError(f"{where}: 'dia_id' is not valid Unicode") from None
