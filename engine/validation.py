@@ -20,13 +20,7 @@ from memr1.engine.training.dist import reduce_metrics
 def phase_bounds(run, name: str) -> list[tuple[int, int]]:
     """[(first step, one past the last step)] of each phase of stage `name` (0-based steps)."""
     steps = run.stage(name).steps
-    if stage_name(name).kind != "episode":
-        return [(0, steps)]
-    out, begin = [], 0
-    for p in run.cfg.episode.phases(steps):
-        out.append((begin, begin + p.steps))
-        begin += p.steps
-    return out
+    return run.cfg.episode.bounds(steps) if stage_name(name).kind == "episode" else [(0, steps)]
 
 
 def phase_of(bounds: list[tuple[int, int]], step: int) -> int:

@@ -59,12 +59,8 @@ class EpisodeStage:
 
     def phase(self, step: int):
         """The curriculum phase that step `step` (0-based) belongs to."""
-        end = 0
-        for p in self.phases:
-            end += p.steps
-            if step < end:
-                return p
-        return self.phases[-1]
+        ends = [end for _, end in self.episode.bounds(self.cfg.steps)]
+        return self.phases[next((i for i, end in enumerate(ends) if step < end), len(ends) - 1)]
 
     # -- one step -------------------------------------------------------------------------------
     def rollout(self, step: int, generator) -> Rollout:

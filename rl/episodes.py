@@ -62,6 +62,14 @@ class EpisodeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     def phases(self, steps: int) -> list[Phase]:
         return list(self.curriculum) or [Phase(self.sessions, steps, self.compression)]
 
+    def bounds(self, steps: int) -> list[tuple[int, int]]:
+        """[(first step, one past the last step)] of each phase (0-based steps)."""
+        out, begin = [], 0
+        for p in self.phases(steps):
+            out.append((begin, begin + p.steps))
+            begin += p.steps
+        return out
+
 
 @dataclass
 class EpisodeItem:
