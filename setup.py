@@ -61,7 +61,7 @@ setup(
     ext_modules=[CMakeExtension("memr1.memory_store._core", "memr1_core"),
                  CMakeExtension("memr1.kernels._native", "memr1_kernels_native")],
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=["torch>=2.13,<2.15", "transformers>=5.16.1", "usearch", "msgspec", "numpy",
+    install_requires=["torch>=2.13,<2.15", "transformers>=5.16.1", "usearch", "msgspec", "pyarrow", "numpy",
                       "safetensors", "tqdm", "tensorboard", "matplotlib"],
     entry_points={"console_scripts": ["memr1=memr1.engine.cli:run"]},
 )

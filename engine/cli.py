@@ -11,7 +11,8 @@ HANDLERS = {
     ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
     ("train", None): "memr1.engine.train:train_cli",
-    ("report", None): "memr1.engine.observe.report:report_cli",
+    ("rollout", None): "memr1.engine.rollout:rollout_cli",
+    ("report", None): "memr1.engine.rollout_report:report_cli",
 }
 
 
@@ -48,8 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="val", choices=["train", "val", "test"])
     ev.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. eval.baseline=rag")
 
-    rep = sub.add_parser("report", help="plots, throughput summary and profiler tables of a run or an eval")
-    rep.add_argument("run_dir", metavar="RUN_DIR", help="a `memr1 train` run directory or an eval's run_dir")
+    ro = sub.add_parser("rollout", help="a stage's rollouts with given checkpoints, as Parquet shards (trains nothing)")
+    ro.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
+    ro.add_argument("--checkpoint", help="an HF checkpoint (both roles) or a `memr1 train` run dir (each role's final "
+                    "checkpoint); a role without one keeps the base model")
+    ro.add_argument("--manager", help="an HF checkpoint for the manager alone (overrides --checkpoint's)")
+    ro.add_argument("--answer", help="an HF checkpoint for the answer agent alone (overrides --checkpoint's)")
+    ro.add_argument("--stage", required=True, help="manager, answer or manager_episode")
+    ro.add_argument("--split", default="train", choices=["train", "val", "test"])
+    ro.add_argument("--out", required=True, help="the output folder; a rerun with the same command skips "
+                    "finished shards")
+    ro.add_argument("--items", type=int, help="at least this many items, in whole steps of the stage's "
+                    "prompts_per_step (default: every item of a val or test split once)")
+    ro.add_argument("--group-size", type=int, help="completions per prompt (default: the stage's group_size)")
+    ro.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. rollout.temperature=0.7")
+
+    rep = sub.add_parser("report", help="plots, throughput summary and profiler tables of a run, an eval or a "
+                         "rollout folder")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="a `memr1 train` run directory, an eval's run_dir or a "
+                     "`memr1 rollout` folder")
     rep.add_argument("--out", help="where report.md, summary.json and the PNGs go (default RUN_DIR/report)")
 
     data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
@@ -66,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 # User errors: bad config, data or checkpoint. Any command prints them as one line and exits 2; any
 # other exception is a bug and keeps its traceback.
 USER_ERRORS = {"memr1.engine.config.errors": "ConfigError", "memr1.rl.data.locomo": "DataError",
-               "memr1.engine.checkpoints.files": "CheckpointError"}
+               "memr1.engine.checkpoints.files": "CheckpointError", "memr1.engine.rollout_files": "RolloutDirError"}
 
 
 def user_errors() -> tuple:

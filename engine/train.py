@@ -88,7 +88,6 @@ def episode_stage(run: Resolved, items, embedder, swap, latest: dict, judge, val
     """The manager_episode stage (rl/episode_stage.py); for validation: every val window once, one
     greedy episode each, no re-rolls."""
     from memr1.rl.episode_stage import EpisodeStage
-    from memr1.rl.stages import StageConfig
 
     cfg, scfg, episode = run.cfg, run.stage("manager_episode"), run.cfg.episode
     sampling = run.rollout_sampling("manager")

@@ -27,6 +27,7 @@ from memr1.rl.generation import hit_cap
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig
+from memr1.rl.samples import episode_sample
 from memr1.rl.spans import span
 from memr1.rl.stages import StageConfig, greedy_once, mean, score_answers
 from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
@@ -41,7 +42,8 @@ class Lane:
     session: int = 0           # a re-roll's session; an episode's current one
     finished: bool = True      # no call hit its token budget without a parsable reply
     words: list[int] = field(default_factory=list)    # bank words after each session (episodes)
-    calls: list = field(default_factory=list)         # (session, completion, outcome) of each call
+    calls: list = field(default_factory=list)         # (session, call, completion, outcome, bank size
+                                                      # before, after) of each call
 
 
 class EpisodeStage:
@@ -53,7 +55,8 @@ class EpisodeStage:
         """`items_for(sessions)`: the episode items of a window of that many sessions (built once each).
         `validation`: every step scores all of the rank's items (step only picks the curriculum phase)."""
         self.items_for, self.frozen, self.embedder, self.judge = items_for, frozen_answer, embedder, judge
-        self.cfg, self.sampling, self.task, self.reward, self.episode = cfg, rollout, task, reward, episode
+        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
+        self.episode = episode
         self.rank, self.world, self.seed, self.grpo = rank, world, seed, grpo
         self.phases, self.validation = episode.phases(cfg.steps), validation
 
@@ -107,14 +110,15 @@ class EpisodeStage:
             t = time.perf_counter()
             with span("generate"):
                 got = generator.generate([t.prompt.messages for t in turns], 1,
-                                         self.sampling.with_tokens(self.task.manager.max_new_tokens))
+                                         self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens))
             gen_s += time.perf_counter() - t
             with span("parse"):
                 outcomes = decide([(turn, g[0]) for turn, g in zip(turns, got)], self.embedder, self.task.manager)
             with span("fork_apply"):
-                for lane, g, outcome in zip(live, got, outcomes):
+                for lane, call, g, outcome in zip(live, calls, got, outcomes):
+                    before = len(lane.bank)
                     apply_outcomes(lane.bank, [outcome])
-                    lane.calls.append((k, g[0], outcome))
+                    lane.calls.append((k, call, g[0], outcome, before, len(lane.bank)))
                     if outcome.truncated and not outcome.parsed:
                         lane.finished = False
         return gen_s
@@ -173,15 +177,20 @@ class EpisodeStage:
         # call where lanes' banks agree) become one group of responses, each with its own advantage, so
         # the learner computes that prompt once.
         by_prompt: dict[tuple, dict] = {}
-        outcomes = []
+        number: dict[tuple, int] = {}   # prompt -> its group's index in the batch
+        outcomes, samples = [], []
         for (lane, k, parts, key, _), total, a in zip(units, totals, adv):
-            for sk, completion, outcome in lane.calls:
+            for sk, call, completion, outcome, before, after in lane.calls:
                 if sk != k:
                     continue
                 outcomes.append(outcome)
-                g = by_prompt.setdefault(tuple(completion.prompt_token_ids), {
+                prompt = tuple(completion.prompt_token_ids)
+                g = by_prompt.setdefault(prompt, {
                     "responses": [], "behav_logprobs": [], "rewards": [], "truncated": [], "advantages": [],
                     "breakdown": {p: [] for p in parts}, "source": f"{items[lane.item].conv.sample_id} s{k + 1}"})
+                index = number.setdefault(prompt, len(number))
+                samples.append(episode_sample(index, len(g["responses"]), items[lane.item], lane.level, call,
+                                              completion, outcome, before, after))
                 g["responses"].append(list(completion.token_ids))
                 g["behav_logprobs"].append(list(completion.logprobs))
                 g["rewards"].append(total)
@@ -191,7 +200,7 @@ class EpisodeStage:
                     g["breakdown"][p].append(v)
         groups = [Group(prompt_ids=list(ids), **g) for ids, g in by_prompt.items()]
         return Rollout(TrainBatch(groups), self.metrics(items, episodes, answered, units, totals, outcomes, groups,
-                                                        phase, gen_s, forks, t0))
+                                                        phase, gen_s, forks, t0), samples)
 
     def metrics(self, items, episodes, answered, units, totals, outcomes, groups, phase, gen_s, forks, t0) -> dict:
         """The step's log line: rewards and their parts per level, answers on the final banks, evidence

@@ -1,8 +1,9 @@
 """The records that cross stages: a stage's rollout turns into groups, the loop queues them, the
 learner trains on them. Defined once here; every field says what it holds.
 
-    Stage.rollout(step)  ->  Rollout(batch=TrainBatch(groups=[Group, ...]), metrics)
+    Stage.rollout(step)  ->  Rollout(batch=TrainBatch(groups=[Group, ...]), metrics, samples=[Sample, ...])
     Loop                 ->  learner.train_step(rollout.batch)
+    memr1 rollout        ->  one Parquet row per Sample, its tokens and reward read from its Group
 
 A Group is the unit down to the learner: one prompt and the G responses sampled for it. The prompt's
 token ids are stored once, so the learner computes each prompt once per group without having to find
@@ -71,10 +72,36 @@ class TrainBatch:
 
 
 @dataclass
+class Sample:
+    """What one completion of a step did, beside its tokens: `memr1 rollout` writes one Parquet row
+    per Sample (engine/rollout_files.py), training ignores them. Its prompt, tokens, log-probs, reward
+    and reward parts stay in its Group (`batch.groups[group]`, response `index`), written once."""
+    group: int                   # its Group's index in the step's TrainBatch
+    index: int                   # its response's index in that Group
+    item: str                    # the item it answers (the Group's source, e.g. "conv-3 D2:4")
+    conversation: str
+    text: str                    # the completion's text
+    call_turns: list[str] = field(default_factory=list)  # manager: the dialogue turns the call reads
+    level: str = "call"          # "call" (call-level manager, answer agent) | "global" | "local" (episodes)
+    status: str = "ok"           # manager: ManagerOutcome.status; answer: ok | no_answer_tag
+    invalid_ops: int = 0
+    applied: bool = False        # manager: its ops reached the bank
+    events: list[str] = field(default_factory=list)   # manager: parsed events, NONE included
+    ops: list[dict] = field(default_factory=list)     # manager: {"event", "id", "text"} of each store op
+    answers: list[str] = field(default_factory=list)  # the answers scored: the frozen answerer's on the
+                                                      # completion's bank (manager), its own (answer)
+    golds: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # each answer's score (reward.kind)
+    bank_before: int = 0         # memories in the bank the prompt was built from
+    bank_after: int = 0          # ... after the completion's ops
+
+
+@dataclass
 class Rollout:
     """A stage's output for one step, as the loop queues it."""
     batch: TrainBatch
     metrics: dict = field(default_factory=dict)  # per-step means: reward and its parts, EM, F1, parse
                                                  # failures, op mix, length-cap rates, gen_s, score_s, ...
+    samples: list[Sample] = field(default_factory=list)  # one per completion (what `memr1 rollout` keeps)
     step: int = -1                 # the loop step it belongs to (set by the loop)
     weight_version: int = -1       # the generator's weights when it was sampled (set by the loop)

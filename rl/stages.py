@@ -23,6 +23,7 @@ from memr1.rl.generation import GREEDY, SamplingConfig, hit_cap
 from memr1.rl.items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
+from memr1.rl.samples import answer_samples, manager_samples
 from memr1.rl.spans import span
 from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
 
@@ -107,6 +108,7 @@ class ManagerScores:
     fork_s: float
     frozen_s: float
     frozen_prompts: int       # distinct answer prompts generated (the rest repeat one of them)
+    bank_after: list[int]     # memories in each completion's fork after its ops
 
 
 class ManagerStage:
@@ -151,13 +153,15 @@ class ManagerStage:
             parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward, bank_growth(o),
                                     len(items[owners[j]].call["facts"]))
                      for j, o in enumerate(outcomes)]
-        return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct)
+        return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct,
+                             [len(f) for f in forks])
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         turns = manager_turns([(it.bank, it.call) for it in items],
                               self.embedder, self.task.manager)
+        prompt_s = time.perf_counter() - t0
         sampling = self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens)
         with span("generate"):
             completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
@@ -165,7 +169,8 @@ class ManagerStage:
 
         G = self.cfg.group_size
         flat = [c for group in completions for c in group]
-        sc = self.score(items, turns, [j // G for j in range(len(flat))], flat)
+        owners = [j // G for j in range(len(flat))]
+        sc = self.score(items, turns, owners, flat)
         outcomes, answers, parsed, golds = sc.outcomes, sc.answers, sc.parsed, sc.golds
         groups = [group_of(completions[i], sc.parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
 
@@ -180,14 +185,16 @@ class ManagerStage:
                    **{f"ops_{e.lower()}": events[e] / n for e in EVENTS},
                    "capped_rate": mean(o.truncated for o in outcomes),
                    "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
-                   "frozen_answers": len(answers), "frozen_prompts": sc.frozen_prompts, "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
+                   "frozen_answers": len(answers), "frozen_prompts": sc.frozen_prompts, "gen_s": gen_s,
+                   "prompt_s": prompt_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups),
                    # counters for the throughput summary (engine/observe/throughput.py)
                    "completions": n, "forks": n, "fork_s": sc.fork_s, "frozen_s": sc.frozen_s,
                    "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied),
                    "frozen_tokens": sum(len(a[0].token_ids) for a in answers),
                    **{k: self.item_stats[k] for k in ("dead_items", "unreachable_questions") if k in self.item_stats}}
-        return Rollout(TrainBatch(groups, generator.weight_version), metrics)
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics,
+                       manager_samples(items, owners, flat, sc, G))
 
 
 class AnswerStage:
@@ -203,10 +210,11 @@ class AnswerStage:
         t0 = time.perf_counter()
         items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
+        prompts = answer_prompts(requests, self.embedder, self.task.answer)
+        prompt_s = time.perf_counter() - t0
         sampling = self.rollout_sampling.with_tokens(self.task.answer.max_new_tokens)
         with span("generate"):
-            completions = generator.generate(answer_prompts(requests, self.embedder, self.task.answer),
-                                             self.cfg.group_size, sampling)
+            completions = generator.generate(prompts, self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
         flat = [(it, c) for it, group in zip(items, completions) for c in group]
         golds = [it.question.answer for it, _ in flat]
@@ -221,6 +229,7 @@ class AnswerStage:
                    "f1_mean": mean(f1(p.answer, g) for p, g in zip(parsed, golds)),
                    "parse_failure_rate": mean(not p.has_answer_tag for p in parsed),
                    "capped_rate": mean(hit_cap(c) for _, c in flat),
-                   "gen_s": gen_s, "score_s": time.perf_counter() - t0 - gen_s,
+                   "gen_s": gen_s, "prompt_s": prompt_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups), "completions": len(flat)}
-        return Rollout(TrainBatch(groups, generator.weight_version), metrics)
+        return Rollout(TrainBatch(groups, generator.weight_version), metrics,
+                       answer_samples(items, completions, parsed, scores))

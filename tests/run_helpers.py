@@ -1,5 +1,8 @@
-"""What the tests of whole `memr1 train` runs share: config overrides for a tiny, fast run and its metrics."""
+"""What the tests of whole `memr1 train` (and `memr1 rollout`) runs share: config overrides for a tiny, fast
+run, its metrics, and a child process's environment and port."""
 import json
+import os
+import socket
 from pathlib import Path
 
 
@@ -15,3 +18,15 @@ def overrides(model, run_dir, steps, stages=("manager", "answer")):
 
 def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def env() -> dict:
+    """A child process's environment: one thread, offline, vLLM's INFO lines kept (a test asserts on them)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "INFO"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

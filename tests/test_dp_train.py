@@ -5,8 +5,6 @@ replies (no sampling), so two ranks must end with exactly the single process's w
 then samples with top_k=1 (deterministic), so each rank's groups are the single process's groups for
 its share, and the per-step metrics, reduced over ranks, match.
 """
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from memr1.engine import train as train_mod
 from memr1.engine.checkpoints.io import latest_checkpoint
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.run import load_config
-from run_helpers import overrides, rows
+from run_helpers import env, free_port, overrides, rows
 from tiny_model import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,21 +31,10 @@ def single(tiny_model, tmp_path_factory):
     return run
 
 
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "INFO"}   # a test asserts on vLLM's log
-
-
 def launcher(config: Path, args: list[str], dist_args: list[str]) -> list[str]:
     # --log-dir: torchrun's own logs go in the test's folder, not a torchelastic_* folder left in /tmp.
     return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(config.parent / "torchelastic"),
             *dist_args, "-m", "memr1.engine.cli", "train", "--config", str(config), *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_same_run(dp: Path, single: Path, stages=STAGES, keys=()):

@@ -144,10 +144,15 @@ class VLLMGenerator(Backend):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k, max_tokens=sampling.max_new_tokens,
-                                stop=list(sampling.stop) or None, seed=sampling.seed,
-                                ignore_eos=sampling.ignore_eos, logprobs=0)
+        def params(seed):
+            return SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                  top_k=sampling.top_k, max_tokens=sampling.max_new_tokens,
+                                  stop=list(sampling.stop) or None, seed=seed,
+                                  ignore_eos=sampling.ignore_eos, logprobs=0)
+
+        # A seeded call gives each prompt its own seed (vLLM seeds a prompt's i-th sample seed + i):
+        # one seed for all would draw the same noise for every prompt.
+        params = params(None) if sampling.seed is None else [params(sampling.seed + i * n) for i in range(len(ids))]
         with ENGINE_LOCK:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
         result = []

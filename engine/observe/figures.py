@@ -216,3 +216,28 @@ def latency(reports: dict[str, dict], path: Path) -> dict:
         ax.set_ylabel("ms", fontsize=8)
     _save(fig, path, top=0.9, bottom=0.3, left=0.07, wspace=0.35)
     return series
+
+
+def rollout_figures(rows: list[dict], seconds: dict[str, float], out_dir: Path) -> dict:
+    """A rollout folder's two figures: the reward's distribution per op kind (the completions whose
+    ops include it), and the seconds per phase. Returns {file name: the series drawn}."""
+    kinds = {k: [r["reward"] for r in rows if k in (r["events"] or [])] for k in ("ADD", "UPDATE", "DELETE", "NONE")}
+    kinds["parse_error"] = [r["reward"] for r in rows if r["status"] == "parse_error"]
+    kinds = {k: v for k, v in kinds.items() if v} or {"all": [r["reward"] for r in rows]}
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    values = [v for vs in kinds.values() for v in vs]
+    edges = np.histogram_bin_edges(values, bins=min(30, max(5, len(set(values)))))
+    for k, v in kinds.items():
+        ax.hist(v, bins=edges, histtype="step", density=True, label=f"{k} (n={len(v)})")
+    ax.set_title("reward per op kind", fontsize=9)
+    ax.set_xlabel("reward", fontsize=8)
+    ax.legend(fontsize=7)
+    _save(fig, out_dir / "reward_by_op.png", bottom=0.15)
+    fig = Figure(figsize=(7, 2.6))
+    ax = fig.add_subplot()
+    names = list(seconds)
+    ax.barh(names, [seconds[n] for n in names], color="tab:blue")
+    ax.set_title("seconds per phase (all steps)", fontsize=9)
+    _save(fig, out_dir / "phases.png", left=0.2)
+    return {"reward_by_op.png": kinds, "phases.png": seconds}

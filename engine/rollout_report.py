@@ -1,0 +1,160 @@
+"""A rollout folder's numbers (summary.json) and `memr1 report DIR` on one (report.md and PNGs).
+
+summary.json, written by `memr1 rollout` at its end from every finished shard:
+  counts       rows (completions), groups, steps, shards, items, conversations
+  reward       mean and variance over completions, the mean of each reward part, and per op kind
+               (ADD / UPDATE / DELETE / NONE: the completions whose ops include one; parse_error:
+               those with no parsable reply) n, mean and variance; zero_variance_groups: the share of
+               groups of two or more completions whose rewards are all equal (no GRPO signal)
+  ops          each event's count per completion, and each status's share
+  bank         mean memories before and after a completion's ops
+  phases       seconds per phase summed over the shards' steps, and each one's share of them
+  throughput   this invocation's rates over its own wall time of steps and writes (skipped shards
+               excluded): rollouts/s, generated tokens/s, forks/s, bank ops/s; its set-up and write
+               seconds. A rerun that found every shard done keeps the previous throughput.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from memr1.engine.rollout_files import MANIFEST_KIND, RolloutDirError, read_completions, write_json
+
+EVENTS = ("ADD", "UPDATE", "DELETE", "NONE")
+PHASES = ("t_prompt_s", "t_generate_s", "t_fork_apply_s", "t_frozen_s", "t_reward_s")
+READ = ["step", "rank", "prompt_key", "item", "conversation", "status", "events", "reward", "completion_tokens",
+        "bank_before", "bank_after", *PHASES, "t_step_s"]
+
+
+def moments(values: list[float]) -> dict:
+    n = len(values)
+    if not n:
+        return {"n": 0, "mean": None, "var": None}
+    m = sum(values) / n
+    return {"n": n, "mean": m, "var": sum((v - m) ** 2 for v in values) / n}
+
+
+def is_rollout_dir(path: Path) -> bool:
+    try:
+        return json.loads((path / "manifest.json").read_text()).get("kind") == MANIFEST_KIND
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def summarize(out: Path, totals: dict | None = None, write: bool = True) -> dict:
+    """summary.json of a rollout folder (module doc), written there (and the manifest's counts) when
+    `write`; `totals`: this invocation's counts and seconds."""
+    table = read_completions(out)
+    parts = [c for c in table.column_names if c.startswith("reward_")]
+    rows = table.select([c for c in READ if c in table.column_names] + parts).to_pylist()
+    rewards = [r["reward"] for r in rows]
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    groups: dict[str, list[float]] = defaultdict(list)
+    events, status = Counter(), Counter()
+    for r in rows:
+        groups[r["prompt_key"]].append(r["reward"])
+        status[r["status"]] += 1
+        for e in set(r["events"] or []):
+            by_kind[e].append(r["reward"])
+        events.update(r["events"] or [])
+        if r["status"] == "parse_error":
+            by_kind["parse_error"].append(r["reward"])
+    steps = {(r["step"], r["rank"]): r for r in rows}   # a step's timings repeat on each of its rows
+    seconds = {p[2:-2]: sum(s[p] for s in steps.values()) for p in PHASES}
+    step_s = sum(s["t_step_s"] for s in steps.values())
+    seconds["other"] = max(0.0, step_s - sum(seconds.values()))
+    multi = [g for g in groups.values() if len(g) > 1]
+    n = len(rows)
+    summary = {
+        "counts": {"rows": n, "groups": len(groups), "steps": len({s for s, _ in steps}), "shards": len(steps),
+                   "items": len({r["item"] for r in rows}), "conversations": len({r["conversation"] for r in rows})},
+        "reward": {**moments(rewards), "parts": {p[7:]: moments([r[p] for r in rows if r[p] is not None])["mean"]
+                                                 for p in parts},
+                   "by_op": {k: moments(by_kind[k]) for k in (*EVENTS, "parse_error")},
+                   "zero_variance_groups": sum(max(g) == min(g) for g in multi) / len(multi) if multi else None},
+        "ops": {"per_completion": {e: events[e] / n for e in EVENTS}, "status": {k: v / n for k, v in status.items()}},
+        "bank": {"before": moments([r["bank_before"] for r in rows])["mean"],
+                 "after": moments([r["bank_after"] for r in rows])["mean"]},
+        "phases": {"seconds": seconds, "share": {k: v / step_s if step_s else None for k, v in seconds.items()}},
+        "throughput": throughput(totals, out),
+    }
+    if write:
+        write_json(out / "summary.json", summary)
+        manifest = json.loads((out / "manifest.json").read_text())
+        write_json(out / "manifest.json", {**manifest, "counts": summary["counts"]})
+    return summary
+
+
+def throughput(totals: dict | None, out: Path) -> dict:
+    if not totals or not totals.get("steps"):
+        try:
+            return json.loads((out / "summary.json").read_text())["throughput"]
+        except (OSError, ValueError, KeyError):
+            return {}
+    wall = totals["step_s"] + totals["write_s"]
+    return {"rollouts_per_s": totals["rows"] / wall, "generated_tokens_per_s": totals["response_tokens"] / wall,
+            "forks_per_s": totals["forks"] / wall, "bank_ops_per_s": totals["bank_ops"] / wall,
+            "steps": totals["steps"], "skipped_steps": totals["skipped"], "rows": totals["rows"],
+            "wall_s": wall, "write_s": totals["write_s"], "setup_s": totals["setup_s"],
+            "write_share": totals["write_s"] / wall}
+
+
+def fmt(v, spec: str = ".3f") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def write_report(path: Path, out_dir: Path | None = None) -> Path:
+    """report.md and two figures of a rollout folder (its summary.json, else computed now)."""
+    from memr1.engine.observe.figures import rollout_figures
+
+    out_dir = out_dir or path / "report"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RolloutDirError(f"--out {out_dir} exists and is not a folder")
+    manifest = json.loads((path / "manifest.json").read_text())
+    summary = summarize(path, write=False)
+    what = manifest.get("what") or {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = read_completions(path, ["events", "status", "reward"]).to_pylist()
+    figs = rollout_figures(table, summary["phases"]["seconds"], out_dir)
+    c, t, r = summary["counts"], summary["throughput"], summary["reward"]
+    lines = [f"# Rollouts: stage {what.get('stage')}, split {what.get('split')}", "",
+             f"{c['rows']} completions in {c['groups']} groups, {c['steps']} steps, {c['items']} items of "
+             f"{c['conversations']} conversations; commit {manifest.get('commit')}.", "",
+             "Models: " + ", ".join(f"{role} `{name}`" for role, name in (what.get("models") or {}).items()), "",
+             "## Throughput", "", "| rollouts/s | generated tokens/s | forks/s | bank ops/s | write share | set-up s |",
+             "|---|---|---|---|---|---|",
+             f"| {fmt(t.get('rollouts_per_s'), '.2f')} | {fmt(t.get('generated_tokens_per_s'), '.1f')} | "
+             f"{fmt(t.get('forks_per_s'), '.2f')} | {fmt(t.get('bank_ops_per_s'), '.2f')} | "
+             f"{fmt(t.get('write_share'))} | {fmt(t.get('setup_s'), '.1f')} |", "",
+             "## Time per phase", "", "| phase | seconds | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v:.2f} | {fmt(summary['phases']['share'][k])} |" for k, v in summary["phases"]["seconds"].items()]
+    lines += ["", "## Reward per op kind", "",
+              f"All: mean {fmt(r['mean'])}, variance {fmt(r['var'])}; zero-variance groups "
+              f"{fmt(r['zero_variance_groups'])}.", "", "| op kind | completions | mean | variance |", "|---|---|---|---|"]
+    lines += [f"| {k} | {m['n']} | {fmt(m['mean'])} | {fmt(m['var'])} |" for k, m in r["by_op"].items()]
+    lines += ["", "## Op mix", "", "| event | per completion |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in summary["ops"]["per_completion"].items()]
+    lines += ["", "| status | share |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in summary["ops"]["status"].items()]
+    lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figs]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def report_cli(args) -> int:
+    """`memr1 report DIR`: a rollout folder here, a run or eval folder in observe/report.py."""
+    from memr1.engine.observe import report
+
+    path = Path(args.run_dir)
+    if not is_rollout_dir(path):
+        return report.report_cli(args)
+    try:
+        written = write_report(path, Path(args.out) if args.out else None)
+    except RolloutDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(written.read_text().split("\n## Figures")[0])
+    print(f"wrote {written}")
+    return 0

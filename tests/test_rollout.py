@@ -1,0 +1,236 @@
+"""`memr1 rollout` (engine/rollout.py, rollout_files.py, rollout_report.py): shard rows against the stage
+rollout they came from, the command against the training path's stage, a kill -9 and a rerun that
+finish with the uninterrupted run's rows, a changed config refused, two ranks against one process, and
+the report of a rollout folder."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgspec
+import pyarrow.parquet as pq
+import pytest
+
+from memr1.engine.cli import main
+from memr1.engine.rollout_files import read_completions, tables, write_shard
+from memr1.memory_store import HashEmbedder
+from memr1.rl.data import load_conversations
+from memr1.rl.episode_stage import EpisodeStage
+from memr1.rl.episodes import EpisodeConfig, episode_items
+from memr1.rl.facts import oracle_facts
+from memr1.rl.generation import SamplingConfig
+from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.rewards import RewardConfig
+from memr1.rl.stages import ManagerStage, StageConfig
+from memr1.rl.turns import Task, manager_turns
+from memr1.rl.agents.answer import AnswerConfig
+from memr1.rl.agents.manager import ManagerConfig
+from run_helpers import env, free_port, overrides
+from scripted import ScriptedGenerator
+
+TASK = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64),
+            answer=AnswerConfig(max_new_tokens=4, distill=False))
+VOLATILE = ("t_prompt_s", "t_generate_s", "t_fork_apply_s", "t_frozen_s", "t_reward_s", "t_step_s")
+
+
+def replies(call, i, j):
+    """Per completion: an ADD, an UPDATE and a DELETE of the first shown memory, a NONE, or no JSON."""
+    kind = j % 5
+    if kind == 4:
+        return "no json here"
+    event = ("ADD", "UPDATE", "DELETE", "NONE")[kind]
+    return json.dumps({"memory": [{"id": "0" if kind else "90", "text": f"fact {i}-{j}", "event": event}]})
+
+
+def test_each_shard_row_is_the_completion_of_the_stage_rollout_it_came_from(tmp_path):
+    embedder = HashEmbedder(64)
+    convs = load_conversations(None, n=3, split="train")
+    specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2)
+    every = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), 0)
+    turns = manager_turns([(it.bank, it.call) for it in every], embedder, TASK.manager)
+    items = [it for it, t in zip(every, turns) if t.prompt.bank_ids][:2]   # prompts that show a memory
+    stage = ManagerStage(items, ScriptedGenerator(["Answer: none"]), embedder, StageConfig(prompts_per_step=2,
+                         group_size=5), SamplingConfig(), TASK, RewardConfig())
+    rollout = stage.rollout(0, ScriptedGenerator(reply=replies))
+    write_shard(tmp_path, 3, 1, rollout, 2.5)
+    rows = pq.read_table(tmp_path / "completions-s000003-r1.parquet").to_pylist()
+    prompts = {r["prompt_key"]: r for r in pq.read_table(tmp_path / "prompts-s000003-r1.parquet").to_pylist()}
+    assert len(rows) == 10 and rows == tables(rollout, 3, 1, 2.5)[0].to_pylist()
+    for r in rows:
+        g, j = rollout.batch.groups[r["group"]], r["index"]
+        it = items[r["group"]]
+        assert prompts[r["prompt_key"]]["prompt_ids"] == g.prompt_ids and r["item"] == it.source == g.source
+        assert (r["completion_ids"], r["reward"], r["step"], r["rank"]) == (g.responses[j], g.rewards[j], 3, 1)
+        assert {p: r[f"reward_{p}"] for p in g.breakdown} == {p: v[j] for p, v in g.breakdown.items()}
+        kind = j % 5
+        want = [] if kind == 4 else [("ADD", "UPDATE", "DELETE", "NONE")[kind]]
+        assert r["events"] == want and r["status"] == ("parse_error" if kind == 4 else "ok")
+        assert [op["event"] for op in r["ops"]] == want[:1] if kind < 3 else r["ops"] == []
+        assert r["bank_before"] == len(it.bank)
+        assert r["bank_after"] - r["bank_before"] == {0: 1, 2: -1}.get(kind, 0)
+        assert len(r["answers"]) == len(r["golds"]) == len(r["scores"]) == len(it.questions)
+        assert r["golds"] == [qa.answer for qa in it.questions] and r["t_step_s"] == 2.5
+    shown = [t.prompt.bank_ids[0] for t in manager_turns([(it.bank, it.call) for it in items], embedder, TASK.manager)]
+    for r in rows:   # an UPDATE or DELETE of local id 0 names the first memory the prompt showed
+        assert all(op["id"] == shown[r["group"]] for op in r["ops"] if op["event"] != "ADD")
+    assert sum(op["event"] == "UPDATE" for r in rows for op in r["ops"]) == 2
+
+
+def test_episode_rows_point_at_their_groups_responses(tmp_path):
+    convs = load_conversations(None, 10, split="train")
+    items = episode_items(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2, sessions=2)[:1]
+    stage = EpisodeStage(lambda s: items, ScriptedGenerator(["Answer: none"]), HashEmbedder(64),
+                         StageConfig(steps=1, prompts_per_step=1, group_size=4), SamplingConfig(), TASK,
+                         RewardConfig(), EpisodeConfig(sessions=2, inner_n=3, reroll_prob=1.0))
+    rollout = stage.rollout(0, ScriptedGenerator(reply=lambda c, i, j: json.dumps(
+        {"memory": [{"id": "90", "text": f"note {c}-{i}", "event": "ADD"}]})))
+    rows = tables(rollout, 0, 0, 1.0)[0].to_pylist()
+    groups = rollout.batch.groups
+    assert len(rows) == rollout.metrics["completions"] == sum(map(len, groups))
+    assert sorted((r["group"], r["index"]) for r in rows) == [(g, j) for g in range(len(groups))
+                                                              for j in range(len(groups[g]))]
+    for r in rows:
+        g = groups[r["group"]]
+        assert r["advantage"] == g.advantages[r["index"]] and r["completion_ids"] == g.responses[r["index"]]
+        assert r["bank_after"] == r["bank_before"] + 1 and r["level"] in ("global", "local")
+    assert {r["level"] for r in rows} == {"global", "local"}
+
+
+# ---- the command, on the tiny model --------------------------------------------------------------
+def config_args(tiny_model, out, stage):
+    return overrides(tiny_model, out, 1, (stage,)) + ["items.bank_pipeline=oracle", "items.answer_banks=oracle",
+                                                      f"stage.{stage}.group_size=3"]
+
+
+def command(tiny_model, out, *extra, stage="manager", items=6):
+    return ["rollout", "--config", "configs/default.toml", "--stage", stage, "--split", "train", "--items",
+            str(items), "--out", str(out), *config_args(tiny_model, out, stage), *extra]
+
+
+def rows_of(out):
+    return sorted((r for r in read_completions(out).to_pylist()), key=lambda r: (r["step"], r["rank"], r["group"],
+                                                                                 r["index"]))
+
+
+def same_rows(a, b):
+    strip = [{k: v for k, v in r.items() if k not in VOLATILE} for r in a]
+    assert strip == [{k: v for k, v in r.items() if k not in VOLATILE} for r in b]
+
+
+@pytest.mark.parametrize("stage", ["manager", "answer"])
+def test_the_command_writes_what_the_training_paths_stage_rolls_out(tiny_model, tmp_path, monkeypatch, stage):
+    from memr1.engine.config.resolve import resolve
+    from memr1.engine.config.run import load_config, make_embedder
+    from memr1.engine.generation import make_generator
+    from memr1.engine.generation.swap import WeightSwap
+    from memr1.engine.items import RunItems
+    from memr1.engine.rollout import step_seed
+    from memr1.engine.train import make_stage
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))
+    out = tmp_path / "out"
+    assert main(command(tiny_model, out, stage=stage, items=4)) == 0
+    got = rows_of(out)
+    assert len(got) == 4 * 3 and {r["step"] for r in got} == {0, 1}
+    # the training path: train.make_stage on the run's items, each step seeded as the command seeds it
+    cfg = load_config("configs/default.toml", config_args(tiny_model, tmp_path / "train", stage) +
+                      [f"stages=[\"{stage}\"]", f"stage.{stage}.steps=2"])
+    run = resolve(cfg, 0, 1)
+    embedder = make_embedder(cfg)
+    policy, swap = make_generator(cfg.generator, cfg.seed), WeightSwap(make_generator(cfg.generator, cfg.seed),
+                                                                          loaded=run.base_model)
+    items = RunItems(run, embedder, swap, "train")
+    st = make_stage(run, stage, items, embedder, policy.tokenizer, swap, {})
+    want = []
+    for step in range(2):
+        st.rollout_sampling = msgspec.structs.replace(st.rollout_sampling, seed=step_seed(cfg.seed, step))
+        want += tables(st.rollout(step, policy), step, 0, 0.0)[0].to_pylist()
+    items.close()
+    same_rows(got, sorted(want, key=lambda r: (r["step"], r["group"], r["index"])))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["rows"] == 12 and summary["reward"]["n"] == 12
+    assert summary["reward"]["mean"] == pytest.approx(sum(r["reward"] for r in got) / 12)
+
+
+def cli(args, **kw):
+    return subprocess.run([sys.executable, "-m", "memr1.engine.cli", *args], capture_output=True, text=True,
+                          env=env(), **kw)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumed_ends_with_the_uninterrupted_rows_and_a_changed_config_is_refused(tiny_model, tmp_path):
+    root = os.path.dirname(os.path.dirname(__file__))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli(command(tiny_model, whole, items=16), cwd=root).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "memr1.engine.cli", *command(tiny_model, killed, items=16)],
+                            cwd=root, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(killed.glob("completions-*.parquet")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = len(list(killed.glob("completions-*.parquet")))
+    assert 1 <= finished < 8, "the kill came too late to test anything"
+    again = cli(command(tiny_model, killed, items=16), cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert not list(killed.glob(".*.tmp"))
+    same_rows(rows_of(killed), rows_of(whole))
+    throughput = json.loads((killed / "summary.json").read_text())["throughput"]
+    assert throughput["skipped_steps"] == finished and throughput["steps"] == 8 - finished
+    changed = cli(command(tiny_model, killed, "rollout.temperature=0.5", items=16), cwd=root)
+    assert changed.returncode == 2 and changed.stderr.count("\n") == 1
+    assert "config.rollout.temperature differs" in changed.stderr
+    assert cli(command(tiny_model, killed, items=16), cwd=root).stdout.count("step ") == 0   # all shards done
+
+
+@pytest.mark.slow
+def test_two_ranks_write_the_single_process_rows(tiny_model, tmp_path):
+    root = os.path.dirname(os.path.dirname(__file__))
+    one, two = tmp_path / "one", tmp_path / "two"
+    det = ["rollout.temperature=0", "stage.manager.prompts_per_step=2"]   # greedy: top_k=1 draws among ties
+    assert cli(command(tiny_model, one, *det, items=4), cwd=root).returncode == 0
+    dp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "elastic"),
+                         "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "memr1.engine.cli",
+                         *command(tiny_model, two, *det, items=4)], cwd=root, env=env(), capture_output=True,
+                        text=True)
+    assert dp.returncode == 0, dp.stderr[-3000:]
+    assert {p.name.split("-r")[1] for p in two.glob("completions-*")} == {"0.parquet", "1.parquet"}
+    key = lambda r: (r["step"], r["item"], r["index"])   # noqa: E731
+    # log-probs within rounding: a batch of one prompt pads differently from a batch of two
+    drop = VOLATILE + ("rank", "group", "prompt_key", "behav_logprobs")
+    a, b = sorted(rows_of(one), key=key), sorted(rows_of(two), key=key)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in a] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in b] and len(a) == 4 * 3
+    for x, y in zip(a, b):
+        assert y["behav_logprobs"] == pytest.approx(x["behav_logprobs"], abs=1e-3)
+
+
+def test_report_renders_a_rollout_folder(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))
+    out = tmp_path / "out"
+    assert main(command(tiny_model, out, items=2)) == 0
+    before = (out / "summary.json").read_text()
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    for section in ("## Throughput", "## Time per phase", "## Reward per op kind", "## Op mix"):
+        assert section in text
+    assert (tmp_path / "rep" / "reward_by_op.png").stat().st_size > 0 and (tmp_path / "rep" / "phases.png").is_file()
+    assert (out / "summary.json").read_text() == before   # reporting writes only under --out
+    assert main(["report", str(tmp_path / "rep" / "report.md")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_the_readme_example_reads_the_shards(tiny_model, tmp_path, monkeypatch, capsys):
+    root = os.path.dirname(os.path.dirname(__file__))
+    monkeypatch.chdir(root)
+    out = tmp_path / "runs" / "rollouts"
+    assert main(command(tiny_model, out, items=2)) == 0
+    readme = open(os.path.join(root, "README.md")).read()
+    example = readme.split("The shards read with pyarrow")[1].split("```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(example, "README example", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "reward_mean" in printed and "event" in printed
