@@ -84,11 +84,16 @@ def load(args) -> tuple:
     if args.group_size is not None:
         overrides.append(f"stage.{name}.group_size={args.group_size}")
     cfg = load_config(args.config, overrides)
-    if args.items is not None and name != "manager_episode":
-        # the train split's banks are built for the steps a run draws (items.RunItems.needed)
-        steps = math.ceil(args.items / stage_config(cfg, name).prompts_per_step)
-        cfg = load_config(args.config, overrides + [f"stage.{name}.steps={steps}"])
-    elif args.split == "train" and args.items is None:
+    if args.items is not None:
+        per_step = stage_config(cfg, name).prompts_per_step
+        if args.items < per_step:   # one step of exactly the items asked for
+            overrides.append(f"stage.{name}.prompts_per_step={args.items}")
+            per_step = args.items
+        if name != "manager_episode":   # the episode stage's steps are its curriculum's
+            # the train split's banks are built for the steps a run draws (items.RunItems.needed)
+            overrides.append(f"stage.{name}.steps={math.ceil(args.items / per_step)}")
+        cfg = load_config(args.config, overrides)
+    elif args.split == "train":
         raise ConfigError("--split train needs --items N: the train split's items are drawn step by step")
     try:
         models = cli_models(args)
