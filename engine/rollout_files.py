@@ -1,7 +1,7 @@
 """What `memr1 rollout` writes: Parquet shards, the manifest and the summary.
 
-DIR/manifest.json                      what ran (config, stage, split, items, world, checkpoints' identity),
-                                       the commit, and the counts once finished
+DIR/manifest.json                      what ran (config, stage, split, items, world, each model's SHA-256),
+                                       the models' paths, the commit, and the counts once finished
 DIR/completions-s<step>-r<rank>.parquet   one row per completion of one step on one rank (COLUMNS)
 DIR/prompts-s<step>-r<rank>.parquet       one row per group: its prompt's token ids, which rows reference
                                        by `prompt_key`
@@ -138,9 +138,10 @@ def first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else path.rstrip(".") or "(root)"
 
 
-def open_dir(out: Path, what: dict, commit: str | None, rank: int = 0) -> dict:
-    """Create `out` with its manifest, or check that the one there describes the same rollouts;
-    returns the manifest. This rank's leftover temporary files of a killed run are removed."""
+def open_dir(out: Path, what: dict, commit: str | None, rank: int = 0, paths: dict | None = None) -> dict:
+    """Create `out` with its manifest, or check that the one there describes the same rollouts (`what`;
+    the commit and the models' `paths` are recorded, not compared); returns the manifest. This rank's
+    leftover temporary files of a killed run are removed."""
     path = out / "manifest.json"
     what = json.loads(json.dumps(what))   # as it reads back (tuples become lists)
     if path.is_file():
@@ -160,7 +161,8 @@ def open_dir(out: Path, what: dict, commit: str | None, rank: int = 0) -> dict:
     if out.exists() and any(out.iterdir()):
         raise RolloutDirError(f"--out {out}: a folder with files but no manifest.json; use an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"kind": MANIFEST_KIND, "version": 1, "what": what, "commit": commit, "counts": None}
+    manifest = {"kind": MANIFEST_KIND, "version": 1, "what": what, "commit": commit, "paths": paths or {},
+                "counts": None}
     write_json(path, manifest)
     return manifest
 

@@ -122,7 +122,8 @@ def write_report(path: Path, out_dir: Path | None = None) -> Path:
     lines = [f"# Rollouts: stage {what.get('stage')}, split {what.get('split')}", "",
              f"{c['rows']} completions in {c['groups']} groups, {c['steps']} steps, {c['items']} items of "
              f"{c['conversations']} conversations; commit {manifest.get('commit')}.", "",
-             "Models: " + ", ".join(f"{role} `{name}`" for role, name in (what.get("models") or {}).items()), "",
+             "Models: " + ", ".join(f"{role} `{(manifest.get('paths') or {}).get(role, '?')}` (sha256 {str(digest)[:12]})"
+                                    for role, digest in (what.get("models") or {}).items()), "",
              "## Throughput", "", "| rollouts/s | generated tokens/s | forks/s | bank ops/s | write share | set-up s |",
              "|---|---|---|---|---|---|",
              f"| {fmt(t.get('rollouts_per_s'), '.2f')} | {fmt(t.get('generated_tokens_per_s'), '.1f')} | "
