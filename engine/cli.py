@@ -16,6 +16,15 @@ HANDLERS = {
 }
 
 
+def model_args(p: argparse.ArgumentParser, rest: str) -> None:
+    """--config and the checkpoints of the two trained roles (memr1 eval, memr1 rollout)."""
+    p.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
+    p.add_argument("--checkpoint", help="an HF checkpoint (manager and answer agent) or a `memr1 train` run dir "
+                   "(each role's final checkpoint)" + rest)
+    p.add_argument("--manager", help="an HF checkpoint for the manager alone (overrides --checkpoint's)")
+    p.add_argument("--answer", help="an HF checkpoint for the answer agent alone (overrides --checkpoint's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memr1", description="Memory-R1 trainer: RL for memory agents.")
     p.add_argument("--verbose", action="store_true", help="show every library's log lines and warnings (by default "
@@ -39,22 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. loop.max_staleness=1")
 
     ev = sub.add_parser("eval", help="build banks, answer a split, and print the paper's table")
-    ev.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
-    ev.add_argument("--checkpoint", help="an HF checkpoint (manager and answer agent) or a `memr1 train` run dir "
-                    "(each role's final checkpoint); extraction and the local judge keep the base model")
-    ev.add_argument("--manager", help="an HF checkpoint for the manager alone (overrides --checkpoint's)")
-    ev.add_argument("--answer", help="an HF checkpoint for the answer agent alone (overrides --checkpoint's)")
+    model_args(ev, "; extraction and the local judge keep the base model")
     ev.add_argument("--compare", metavar="REPORT", help="an earlier eval report of the same split: print the "
                     "paired difference of each metric with a seeded bootstrap interval")
     ev.add_argument("--split", default="val", choices=["train", "val", "test"])
     ev.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. eval.baseline=rag")
 
     ro = sub.add_parser("rollout", help="a stage's rollouts with given checkpoints, as Parquet shards (trains nothing)")
-    ro.add_argument("--config", required=True, help="a TOML file, e.g. configs/default.toml")
-    ro.add_argument("--checkpoint", help="an HF checkpoint (both roles) or a `memr1 train` run dir (each role's final "
-                    "checkpoint); a role without one keeps the base model")
-    ro.add_argument("--manager", help="an HF checkpoint for the manager alone (overrides --checkpoint's)")
-    ro.add_argument("--answer", help="an HF checkpoint for the answer agent alone (overrides --checkpoint's)")
+    model_args(ro, "; a role without one keeps the base model")
     ro.add_argument("--stage", required=True, help="manager, answer or manager_episode")
     ro.add_argument("--split", default="train", choices=["train", "val", "test"])
     ro.add_argument("--out", required=True, help="the output folder; a rerun with the same command skips "
