@@ -183,3 +183,21 @@ def test_bad_paths_are_bank_errors(tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(BankIOError, match=re.escape(str(tmp_path / "file" / "b"))):
         MemoryBank.create(tmp_path / "file" / "b", dim=DIM)
+
+
+def test_log_ops_from_before_the_bounds_still_replay(tmp_path):
+    # Logs written before the speaker, timestamp and norm bounds may hold ops past them; such a bank
+    # must still open (new ops are bounded, logged ones are not re-judged).
+    from memr1.memory_store import _core
+    path = tmp_path / "b"
+    MemoryBank.create(path, dim=DIM).close()
+    log = _core.OpLog(str(path / "log-0.oplog"), True, 0, 1)
+    state = _core.State(DIM, 4096)
+    big = np.full(DIM, 1e12, np.float32)
+    state.add(log, "m", "s" * 5000, "t" * 1000, big, replay=True)  # as the code before the bounds logged it
+    log.close()
+    bank = MemoryBank.open(path)
+    assert (len(bank.get(0).speaker), len(bank.get(0).timestamp)) == (5000, 1000)
+    with pytest.raises(InvalidInput, match="outside"):
+        bank.apply(Add("m", big, "A"))
+    bank.close()
