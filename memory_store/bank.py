@@ -31,9 +31,9 @@ from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, I
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
 from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
-from memr1.memory_store.writers import writers
 from memr1.memory_store.storage import (as_path, leased, lock, new_folder, next_generation, open_generation,
                                         read_manifest, remove_stale, unlock, write_generation)
+from memr1.memory_store.writers import writers
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 

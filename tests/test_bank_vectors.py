@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from memr1.memory_store import Add, BankError, InvalidInput, MemoryBank, Noop, Update
+from memr1.memory_store import Add, BankError, InvalidInput, MemoryBank, Noop, Update, _core
 from memr1.memory_store.records import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM
 
 DIM = 16
@@ -95,6 +95,11 @@ def test_strided_vector_is_stored_as_its_values():
     i = bank.apply(Add("m", wide[:, 0], "A"))
     got = bank.search(unit(7), 1)
     assert got.ids.tolist() == [i] and abs(got.scores[0] - 1) < 1e-6
+
+
+def test_python_and_native_bounds_agree():
+    assert (MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES) == (_core.MAX_SPEAKER_BYTES, _core.MAX_TIMESTAMP_BYTES)
+    assert (MIN_NORM, MAX_NORM) == (_core.MIN_NORM, _core.MAX_NORM)
 
 
 def test_speaker_and_timestamp_sizes_are_bounded(tmp_path):

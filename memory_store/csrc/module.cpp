@@ -119,6 +119,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("MAX_MEMORY_SOURCES") = kMaxMemorySources;
   m.attr("MAX_SPEAKER_BYTES") = kMaxSpeakerBytes;
   m.attr("MAX_TIMESTAMP_BYTES") = kMaxTimestampBytes;
+  m.attr("MIN_NORM") = kMinNorm;
+  m.attr("MAX_NORM") = kMaxNorm;
   m.def("vector", [](py::handle v, int dim) {  // a query as search uses it: a validated private copy
     std::vector<float> q = as_vector(v, dim);
     float inv;
