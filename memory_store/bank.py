@@ -199,10 +199,10 @@ class MemoryBank:
     def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
         k = check_search(k, speaker)
-        vector = _core.vector(vector, self.config.dim)  # a checked copy, before HNSW reads it
         core, segment = self._view
         rows = None
         if not exact and segment.indexes:
+            vector = _core.vector(vector, self.config.dim)  # checked and copied before usearch reads it
             rows = segment.candidates(vector, int(k * self.config.hnsw_oversample), speaker, core)
         ids, scores = core.search(vector, k, speaker, rows)
         return SearchResult(ids, scores)

@@ -77,6 +77,15 @@ def test_vectors_whose_scores_would_be_wrong_are_refused(tmp_path, vector, fragm
             MemoryBank.from_arrays(None, vector[None], ["m"], ["A"], ["t"])
 
 
+@pytest.mark.parametrize("query", [unit(9).astype(">f4"), np.full(DIM, 3e38, np.float32)])
+def test_bad_query_is_refused_before_the_hnsw_index_reads_it(query):
+    vectors = np.stack([unit(i) for i in range(40)])
+    bank = MemoryBank.from_arrays(None, vectors, ["m"] * 40, ["A"] * 40, ["t"] * 40, hnsw_threshold=8)
+    assert bank.stats()["hnsw_speakers"] == ["A"]
+    with pytest.raises(InvalidInput):
+        bank.search(query, 3)
+
+
 def test_vectors_at_the_norm_bounds_score_finite_cosines():
     bank = MemoryBank.create(None, dim=DIM)
     small, large = unit(4) * np.float32(MIN_NORM * 1.01), unit(5) * np.float32(MAX_NORM * 0.99)
