@@ -14,12 +14,14 @@ A writable bank (not a fork, not a reader) compacts itself after an op past Bank
 Threads: writes take the bank's lock, so no op lands in a state that a compaction is replacing; searches
 take none and run without the GIL, reading (state, segment) as one pair: HNSW candidates always index
 the base they were found in.
+Processes: a process forked from one holding a writable bank gets a read-only copy of the handle
+(writers.py); to write, it opens the bank itself, and gets the lock once the parent has closed.
 """
 import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 import msgspec
 import numpy as np
@@ -28,23 +30,12 @@ from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank, UnknownMemoryId
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
 from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
-from memr1.memory_store.segment import Segment, memory_segment
+from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
 from memr1.memory_store.storage import (as_path, leased, lock, new_folder, next_generation, open_generation,
-                                        read_manifest, remove_stale, write_generation)
+                                        read_manifest, remove_stale, unlock, write_generation)
+from memr1.memory_store.writers import writers
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
-
-
-def _state_over(config: BankConfig, segment: Segment, manifest: Manifest):
-    """A native state whose base is `segment`, at the manifest's next id and op count, with no delta."""
-    core = _core.State(config.dim, config.max_text_bytes)
-    core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
-    return core
-
-
-class SearchResult(NamedTuple):
-    ids: np.ndarray     # int64, best first
-    scores: np.ndarray  # float32 cosine similarity
 
 
 class MemoryBank:
@@ -56,8 +47,11 @@ class MemoryBank:
         self.config, self.path, self._manifest, self._log = config, path, manifest, log
         self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
         self._write, self._auto = threading.RLock(), auto_compact
+        self._batching, self._owner, self._forked_from = False, os.getpid(), None
         self.compactions = 0  # by this object, automatic or not
         self._install(core, segment)
+        if lock_fd is not None:
+            writers.add(self)
 
     def _install(self, core, segment: Segment) -> None:
         self._core, self._segment, self._view = core, segment, (core, segment)
@@ -98,7 +92,7 @@ class MemoryBank:
                 remove_stale(path, manifest.generation)
                 return cls._load(path, manifest, fsync, lock_fd)
             except BaseException:
-                os.close(lock_fd)
+                unlock(lock_fd)
                 raise
         with leased(path, manifest) as manifest:
             return cls._load(path, manifest, fsync, None)
@@ -116,20 +110,23 @@ class MemoryBank:
         except BaseException:
             log.close()
             raise
+        if log.torn_record:
+            warnings.warn(f"bank {path}: the last record of its op log ({log.torn_record} bytes) was torn by a "
+                          f"crash or power loss before it was synced, and is dropped", RuntimeWarning, stacklevel=3)
         if not writer:
             log.close()  # the snapshot is built; a reader keeps no copy of the log
         return bank
 
     @classmethod
     def _assemble(cls, config, segment, manifest, path=None, log=None, read_only=False, lock_fd=None, auto=True):
-        return cls(_state_over(config, segment, manifest), config, segment, path, manifest, log, read_only, lock_fd,
+        return cls(state_over(config, segment, manifest), config, segment, path, manifest, log, read_only, lock_fd,
                    auto)
 
     # ---- operations ----
     def apply(self, op: Add | Update | Delete | Noop) -> int | None:
         """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
         with self._write:
-            if self.read_only or self._closed:
+            if self.read_only or self._closed or self._batching:
                 self._refuse_write()
             core, t = self._core, type(op)
             if t is Add:
@@ -152,19 +149,23 @@ class MemoryBank:
     def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
         """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
         with self._write:
-            if self.read_only or self._closed:
+            if self.read_only or self._closed or self._batching:
                 self._refuse_write()
             ops = iter_ops(ops)
             child = MemoryBank(self._core.fork(), self.config, self._segment)
             buffer = _core.BatchBuffer() if self._log is not None else None
             child._log = buffer
             results = []
-            for i, op in enumerate(ops):
-                try:
-                    results.append(child.apply(op))
-                except BankError as e:
-                    e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
-                    raise
+            self._batching = True  # the ops may be a generator that writes to this bank: refused
+            try:
+                for i, op in enumerate(ops):
+                    try:
+                        results.append(child.apply(op))
+                    except BankError as e:
+                        e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
+                        raise
+            finally:
+                self._batching = False
             if buffer is not None and len(buffer):
                 self._log.put_batch(buffer)
             self._core, self._view = child._core, (child._core, self._segment)
@@ -183,8 +184,15 @@ class MemoryBank:
             warnings.warn(f"automatic compaction of bank {self.path} failed: {e}", RuntimeWarning, stacklevel=3)
 
     def _refuse_write(self):
+        if self._batching:
+            raise BankError(f"bank {self.path}: a write from inside its own apply_batch (the ops iterable "
+                            f"wrote to the bank); write after apply_batch returns")
         if self._closed:
             raise BankError(f"bank {self.path} is closed")
+        if self._forked_from is not None:
+            raise ReadOnlyBank(f"bank {self.path} was opened for writing by pid {self._forked_from}; this process "
+                               f"(pid {os.getpid()}) was forked from it and may only read this handle: open the "
+                               f"bank again here to write")
         raise ReadOnlyBank(f"bank {self.path} was opened read-only (mode='r'); open it with mode='rw' to write")
 
     # ---- reads ----
@@ -194,6 +202,7 @@ class MemoryBank:
         core, segment = self._view
         rows = None
         if not exact and segment.indexes:
+            vector = _core.vector(vector, self.config.dim)  # checked and copied before usearch reads it
             rows = segment.candidates(vector, int(k * self.config.hnsw_oversample), speaker, core)
         ids, scores = core.search(vector, k, speaker, rows)
         return SearchResult(ids, scores)
@@ -233,7 +242,7 @@ class MemoryBank:
         """Fold the delta into a new base (the one O(n) step). Ids stay the same. Searches running in
         other threads meanwhile see the old state; the new one replaces it whole."""
         with self._write:
-            if self.read_only or self._closed:
+            if self.read_only or self._closed or self._batching:
                 self._refuse_write()
             core = self._core
             memories, vectors = [Memory(*row) for row in core.live()], core.live_vectors()
@@ -244,7 +253,7 @@ class MemoryBank:
             else:  # the bank is unchanged if this raises before the new manifest is committed
                 manifest, segment, self._log = next_generation(self.path, manifest, vectors, memories, self._log)
             self._manifest = manifest
-            self._install(_state_over(self.config, segment, manifest), segment)
+            self._install(state_over(self.config, segment, manifest), segment)
             self.compactions += 1
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
@@ -265,7 +274,10 @@ class MemoryBank:
         with self._write:
             if self._closed:
                 return
+            if self._batching:
+                self._refuse_write()
             self._closed = True
+            writers.discard(self)
             try:
                 if self._log is not None:
                     self._log.close()
@@ -273,7 +285,7 @@ class MemoryBank:
                     remove_stale(self.path, self._manifest.generation)  # generations readers held at compaction
             finally:
                 if self._lock_fd is not None:
-                    os.close(self._lock_fd)
+                    unlock(self._lock_fd)
                     self._lock_fd = None
 
     def __enter__(self) -> "MemoryBank":

@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store.errors import InvalidInput
-from memr1.memory_store.records import BankConfig, Memory
+from memr1.memory_store.records import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM, BankConfig, Memory
 from memr1.memory_store.storage import SYNC
 
 _FIELD = re.compile(r"at `\$\.(\w+)`")
@@ -79,7 +79,7 @@ def bulk_rows(vectors, texts, speakers, timestamps, dim, config, overrides) -> t
     """MemoryBank.from_arrays' arguments as (config, vectors, the memories with ids 0..n-1); dim, when
     neither it nor a config is given, is the vectors' width."""
     try:
-        vectors = np.asarray(vectors)
+        vectors = np.array(vectors)  # a copy: checked here, written later, whatever the caller does meanwhile
     except (ValueError, TypeError) as e:
         raise InvalidInput(f"vectors must be a float32 array of shape (n, dim): {e}") from None
     if dim is None and config is None and vectors.ndim == 2:
@@ -98,6 +98,11 @@ def validate_rows(config: BankConfig, vectors: np.ndarray, texts, speakers, time
     bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1) | ~(vectors != 0).any(axis=1))
     if len(bad):
         raise InvalidInput(f"vector of row {bad[0]} is non-finite or all zeros")
+    norms = np.sqrt(np.square(vectors, dtype=np.float64).sum(axis=1))
+    bad = np.flatnonzero((norms < MIN_NORM) | (norms > MAX_NORM))
+    if len(bad):
+        raise InvalidInput(f"vector of row {bad[0]} has norm {norms[bad[0]]:.3g}, outside [2**-32, 2**32]; its "
+                           f"float32 scores would overflow or underflow (rescale it, e.g. to unit length)")
     for name, column in (("texts", texts), ("speakers", speakers), ("timestamps", timestamps)):
         if not isinstance(column, (list, tuple)):
             raise InvalidInput(f"{name} must be a list of str, got {type(column).__name__}")
@@ -113,3 +118,6 @@ def validate_rows(config: BankConfig, vectors: np.ndarray, texts, speakers, time
                                    f"bytes (BankConfig.max_text_bytes)")
             if name == "speakers" and not n:
                 raise InvalidInput(f"speakers[{i}] is empty")
+            limit = {"speakers": MAX_SPEAKER_BYTES, "timestamps": MAX_TIMESTAMP_BYTES}.get(name)
+            if limit is not None and n > limit:
+                raise InvalidInput(f"{name}[{i}] is {n} bytes, over the limit of {limit}")

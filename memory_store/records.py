@@ -27,6 +27,12 @@ class Memory(msgspec.Struct, frozen=True):
 MAX_OP_SOURCES = 64       # turn ids one Add or Update may carry
 MAX_SOURCE_BYTES = 64     # UTF-8 bytes of one turn id (at least 1)
 MAX_MEMORY_SOURCES = 1024 # distinct turn ids one memory may collect over its ADD and UPDATEs
+# Bounds on every op (the native core checks them; logs written before them replay unchecked):
+MAX_SPEAKER_BYTES = 1024  # UTF-8 bytes of a speaker
+MAX_TIMESTAMP_BYTES = 256 # UTF-8 bytes of a timestamp
+# A vector's L2 norm lies in [MIN_NORM, MAX_NORM]: float32 dot products of such vectors neither overflow
+# (components near 3e38) nor underflow to a wrong score (all-denormal vectors). Queries too.
+MIN_NORM, MAX_NORM = 2.0**-32, 2.0**32
 
 
 # ---- operations (vectors are float32 numpy arrays of the bank's dim) ----
@@ -97,11 +103,12 @@ def replay(core, payloads, where) -> None:
             rec = _records.decode(payload)
             if type(rec) is AddRecord:
                 got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32),
-                               rec.sources)
+                               rec.sources, replay=True)
                 if got != rec.id:
                     raise BankError(f"add record carries id {rec.id} but replay assigned {got}")
             elif type(rec) is UpdateRecord:
-                core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32), rec.sources)
+                core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32), rec.sources,
+                            replay=True)
             elif type(rec) is DeleteRecord:
                 core.delete(None, rec.id)
             else:

@@ -11,7 +11,9 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -31,6 +33,11 @@ from memr1.memory_store.errors import BankFormatError, BankIOError
 from memr1.memory_store.records import BankConfig, Memory
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
+
+
+class SearchResult(NamedTuple):
+    ids: np.ndarray     # int64, best first
+    scores: np.ndarray  # float32 cosine similarity
 
 
 class Segment:
@@ -104,6 +111,20 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def read_regular(path: Path) -> bytes:
+    """A regular file's bytes, never through a symlink and never waiting on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BankFormatError(f"{path} is not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
                   config: BankConfig) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index and
@@ -150,11 +171,16 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
                  files: dict[str, tuple[int, int]] | None) -> Segment:
     """Open a committed segment. `files` None: a version-1 bank, whose segments carry no checksums."""
-    if files is not None:
-        verify_segment(folder, files, speakers_indexed)
     path = folder / "records.msgpack"
     try:
-        memories = _memories.decode(path.read_bytes())
+        for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
+            path = folder / name
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise BankFormatError(f"{path} is not a regular file: the bank is damaged")
+        if files is not None:
+            verify_segment(folder, files, speakers_indexed)
+        path = folder / "records.msgpack"
+        memories = _memories.decode(read_regular(path))
         path = folder / "vectors.f32"
         if len(memories) != base_rows:
             raise BankFormatError(f"{folder}/records.msgpack holds {len(memories)} rows, the manifest says {base_rows}")
@@ -187,3 +213,10 @@ def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConf
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
     return Segment(vectors, memories, build_indexes(vectors, memories, config))
+
+
+def state_over(config: BankConfig, segment: Segment, manifest):
+    """A native state whose base is `segment`, at the manifest's next id and op count, with no delta."""
+    core = _core.State(config.dim, config.max_text_bytes)
+    core.set_base(segment.vectors, segment.core_rows(), manifest.next_id, manifest.lsn)
+    return core

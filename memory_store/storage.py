@@ -10,9 +10,11 @@ generation only under an exclusive, non-blocking flock on the same folder: a gen
 is skipped and deleted by a later remove_stale. Once open, a reader needs no lease: it holds the
 segment files mapped (deleting a file never truncates it) and has copied the log.
 """
+import errno
 import fcntl
 import os
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +22,8 @@ import msgspec
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
-from memr1.memory_store.records import FORMAT, READS_VERSIONS, BankConfig, Manifest
+from memr1.memory_store.manifest import read_manifest, write_manifest
+from memr1.memory_store.records import BankConfig, Manifest
 from memr1.memory_store.segment import fsync_path, open_segment, write_segment
 
 SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}  # the fsync policies' codes in the native OpLog
@@ -30,15 +33,21 @@ _OPEN_TRIES = 100  # generations a reader may see replaced under it while openin
 def as_path(path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidInput(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    return Path(path)
+    path = Path(path)
+    if "\0" in str(path):
+        raise InvalidInput(f"path {str(path)!r} holds a NUL character")
+    return path
 
 
 def new_folder(path, doing: str) -> Path:
     """`path` as an empty folder, made if missing; BankError if it exists with anything in it."""
     path = as_path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BankIOError(f"cannot {doing} {path}: {e.strerror or e}", e.errno or 0) from None
     return path
 
 
@@ -59,11 +68,7 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)
         manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files)
-        with open(tmp, "wb") as f:
-            f.write(msgspec.json.encode(manifest))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path / "MANIFEST.json")  # the commit point
+        write_manifest(path, manifest)
     except Exception as e:
         for leftover in (folder.with_name(folder.name + ".tmp"), folder, log, tmp):
             _remove(leftover)
@@ -98,42 +103,18 @@ def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 
-def read_manifest(path: Path) -> Manifest:
-    file = path / "MANIFEST.json"
-    try:
-        if not path.exists():
-            raise BankError(f"no bank at {path}: the path does not exist")
-        if not file.is_file():
-            raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json file")
-        data = file.read_bytes()
-    except OSError as e:
-        raise BankIOError(f"cannot read {file}: {e.strerror}", e.errno or 0) from None
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError as e:
-        raise BankFormatError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise BankFormatError(f"{path} is not a memr1 bank (format is {raw.get('format') if isinstance(raw, dict) else raw!r})")
-    if raw.get("version") not in READS_VERSIONS:
-        raise BankFormatError(f"{path} is a memr1 bank of version {raw.get('version')}; this code reads versions "
-                              f"{' and '.join(map(str, READS_VERSIONS))}")
-    try:
-        manifest = msgspec.convert(raw, Manifest)
-    except msgspec.ValidationError as e:
-        raise BankFormatError(f"{file} is malformed: {e}") from None
-    if manifest.version >= 2 and not manifest.files:
-        raise BankFormatError(f"{file} is malformed: it records no checksums of its base segment")
-    return manifest
-
-
 def lock(path: Path) -> int:
     file = path / "LOCK"
-    try:
-        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
-    except IsADirectoryError:
-        raise BankFormatError(f"{file} is a directory; a bank's LOCK must be a regular file") from None
+    try:  # never through a symlink (the pid would be written to its target), never waiting on a FIFO
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
+        kind = {errno.EISDIR: "a directory", errno.ELOOP: "a symlink", errno.ENXIO: "a socket or FIFO"}.get(e.errno)
+        if kind:
+            raise BankFormatError(f"{file} is {kind}; a bank's LOCK must be a regular file") from None
         raise BankIOError(f"cannot open {file}: {e.strerror}", e.errno or 0) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BankFormatError(f"{file} is not a regular file; a bank's LOCK must be one")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -152,13 +133,24 @@ def lock(path: Path) -> int:
     return fd
 
 
+def unlock(fd: int) -> None:
+    """Release the writer lock explicitly: a forked child may still hold a copy of the descriptor, and
+    merely closing ours would leave the lock held until every copy is closed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def lease(path: Path, generation: int) -> int | None:
     """A reader's shared lease on a generation (see the module doc), or None when it is gone."""
     try:
-        fd = os.open(path / f"base-{generation}", os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(path / f"base-{generation}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BankFormatError(f"{path / f'base-{generation}'} is a symlink, not a folder: the bank is damaged") from None
         raise BankIOError(f"cannot open {path / f'base-{generation}'}: {e.strerror}", e.errno or 0) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a writer is deleting it

@@ -4,7 +4,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "core.h"
 
@@ -48,24 +50,27 @@ inline int64_t as_id(py::handle h) {
   return v;
 }
 
-// A vector argument must be a 1-d float32 numpy array of the bank's dim; nothing is converted
-// silently, because a float64 or a wrongly shaped array is almost always a caller bug.
-inline const float* as_vector(py::handle h, int dim, py::object& hold) {
+// A vector argument must be a 1-d native-endian float32 numpy array of the bank's dim; nothing is
+// converted silently, because a float64, byte-swapped or wrongly shaped array is almost always a caller
+// bug. It is copied first (strided views too), so another thread writing the caller's array meanwhile
+// cannot change what is validated, logged and stored.
+inline std::vector<float> as_vector(py::handle h, int dim) {
   if (!py::isinstance<py::array>(h))
-    throw BadInput("vector must be a numpy float32 array, got " + std::string(py::str(py::type::handle_of(h).attr("__name__"))));
+    throw BadInput("vector must be a numpy float32 array, got " + type_name(h));
   auto a = py::reinterpret_borrow<py::array>(h);
-  if (a.dtype().kind() != 'f' || a.itemsize() != 4)
-    throw BadInput("vector dtype is " + std::string(py::str(a.dtype())) + ", expected float32");
+  if (!a.dtype().equal(py::dtype::of<float>()))
+    throw BadInput("vector dtype is " + std::string(py::str(a.dtype())) + ", expected native-endian float32");
   if (a.ndim() != 1 || a.shape(0) != dim) {
     std::string shape = "(";
     for (py::ssize_t i = 0; i < a.ndim(); ++i) shape += std::to_string(a.shape(i)) + (i + 1 < a.ndim() ? ", " : "");
     throw BadInput("vector shape is " + shape + "), expected (" + std::to_string(dim) + ",)");
   }
-  if (!(a.flags() & py::array::c_style)) {
-    hold = py::module_::import("numpy").attr("ascontiguousarray")(a);
-    return static_cast<const float*>(py::reinterpret_borrow<py::array>(hold).data());
-  }
-  return static_cast<const float*>(a.data());
+  std::vector<float> out(static_cast<size_t>(dim));
+  const char* p = static_cast<const char*>(a.data());
+  const py::ssize_t stride = a.strides(0);
+  if (stride == sizeof(float)) std::memcpy(out.data(), p, sizeof(float) * out.size());
+  else for (int i = 0; i < dim; ++i) std::memcpy(&out[i], p + i * stride, sizeof(float));
+  return out;
 }
 
 // An op's source turn ids: a tuple (or list) of str, never a bare str, whose characters would each

@@ -28,6 +28,7 @@ struct CorruptLog : std::runtime_error {
   CorruptLog(const std::string& m, uint64_t off) : std::runtime_error(m), offset(off) {}
 };
 struct LogFormat : std::runtime_error { using std::runtime_error::runtime_error; };
+struct ForkedHandle : std::runtime_error { using std::runtime_error::runtime_error; };  // ReadOnlyBank
 struct IoError : std::runtime_error {  // the file system refused: ENOSPC, EIO, EACCES... (errno in `err`)
   int err;
   IoError(int e, const std::string& m) : std::runtime_error(m), err(e) {}
@@ -44,6 +45,12 @@ std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path);
 constexpr size_t kMaxOpSources = 64;       // turn ids one ADD or UPDATE may carry
 constexpr size_t kMaxSourceBytes = 64;     // UTF-8 bytes of one turn id
 constexpr size_t kMaxMemorySources = 1024; // distinct turn ids one memory may collect
+// Speaker and timestamp sizes, so one op cannot grow the log and every record by megabytes.
+constexpr size_t kMaxSpeakerBytes = 1024;
+constexpr size_t kMaxTimestampBytes = 256;
+// A vector's L2 norm must lie in [2^-32, 2^32]: then a float32 dot product of two of them, its partial
+// sums and the scaled score neither overflow (3e38 components) nor lose the score to underflow (denormals).
+constexpr double kMinNorm = 1.0 / 4294967296.0, kMaxNorm = 4294967296.0;
 using Sources = std::vector<std::string>;
 // Immutable once built: record versions an UPDATE adds no new id to share it (no copy per update or fork).
 using SourcesPtr = std::shared_ptr<const Sources>;
@@ -65,6 +72,9 @@ inline void retain(Record* r) { if (r) ++r->rc; }
 inline void release(Record* r) { if (r && --r->rc == 0) delete r; }
 
 uint32_t speaker_code(const std::string& s);
+// The code of a speaker some record has had, or -1: a search filter looks speakers up without interning
+// them, so filters for speakers no memory has cost nothing to keep.
+int64_t find_speaker(const std::string& s);
 const std::string& speaker_name(uint32_t code);
 
 // ---- persistent trie: index -> Record* ----
@@ -131,11 +141,13 @@ class State {
   State(int dim, size_t max_text_bytes);
   State fork() const { return *this; }
 
+  // `bounded`: apply the size and norm bounds that came after the log format (false when replaying a
+  // log, which may hold ops from before them).
   int64_t add(RecordSink* sink, const std::string& text, const std::string& speaker,
-              const std::string& timestamp, const float* vec, const Sources& sources = {});
+              const std::string& timestamp, const float* vec, const Sources& sources = {}, bool bounded = true);
   // `sources`: this UPDATE's turn ids, appended to the memory's (those it already holds are dropped).
   void update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
-              const float* vec, const Sources& sources = {});
+              const float* vec, const Sources& sources = {}, bool bounded = true);
   void remove(RecordSink* sink, int64_t id);
   void noop(RecordSink* sink);
 
@@ -160,7 +172,8 @@ class State {
   int64_t dirty() const { return delta_len_ + base_dead_; }
   int64_t count_live_rows(const int64_t* rows, size_t n) const;
 
-  static void validate_vector(const float* v, int dim, float* inv_norm);
+  static void validate_vector(const float* v, int dim, float* inv_norm, bool bounded = true);
+  static void check_label(const std::string& s, const char* what, size_t max_bytes);
   static void check_sources(const Sources& sources);  // one op's: count and bytes of each id
   // `old` followed by the ids of `extra` it lacks, in order; `old` itself when none is new.
   static SourcesPtr merge_sources(const SourcesPtr& old, const Sources& extra);
@@ -196,6 +209,9 @@ class OpLog : public RecordSink {
   uint64_t end() const { return end_; }
   uint64_t generation() const { return generation_; }
   uint64_t dropped_tail() const { return dropped_tail_; }
+  uint64_t torn_record() const { return torn_record_; }
+  // True in a process forked after this log was opened: that handle never writes, syncs or trims.
+  bool forked() const;
 
  private:
   void scan();
@@ -209,7 +225,10 @@ class OpLog : public RecordSink {
   int sync_;
   int64_t sync_every_, unsynced_ = 0;
   uint8_t* map_ = nullptr;
-  uint64_t cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0;
+  void check_owner() const;
+  bool torn_at(uint64_t off) const;
+  uint64_t cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0, torn_record_ = 0;
+  uint64_t fork_epoch_ = 0;
   std::vector<std::pair<uint64_t, uint32_t>> records_;  // (payload offset, length) found by scan()
   std::vector<uint8_t> copy_;                           // a reader's copy of the file; map_ points here
 };

@@ -99,6 +99,8 @@ PYBIND11_MODULE(_core, m) {
       raise_as("CorruptLog", py::make_tuple(e.what(), e.offset));
     } catch (const LogFormat& e) {
       raise_as("BankFormatError", py::make_tuple(e.what()));
+    } catch (const ForkedHandle& e) {
+      raise_as("ReadOnlyBank", py::make_tuple(e.what()));
     } catch (const IoError& e) {
       raise_as("BankIOError", py::make_tuple(e.what(), e.err));
     }
@@ -115,6 +117,18 @@ PYBIND11_MODULE(_core, m) {
   m.attr("MAX_OP_SOURCES") = kMaxOpSources;
   m.attr("MAX_SOURCE_BYTES") = kMaxSourceBytes;
   m.attr("MAX_MEMORY_SOURCES") = kMaxMemorySources;
+  m.attr("MAX_SPEAKER_BYTES") = kMaxSpeakerBytes;
+  m.attr("MAX_TIMESTAMP_BYTES") = kMaxTimestampBytes;
+  m.attr("MIN_NORM") = kMinNorm;
+  m.attr("MAX_NORM") = kMaxNorm;
+  m.def("vector", [](py::handle v, int dim) {  // a query as search uses it: a validated private copy
+    std::vector<float> q = as_vector(v, dim);
+    float inv;
+    State::validate_vector(q.data(), dim, &inv);
+    py::array_t<float> out(static_cast<py::ssize_t>(dim));
+    std::memcpy(out.mutable_data(), q.data(), sizeof(float) * q.size());
+    return out;
+  }, py::arg("vector"), py::arg("dim"));
 
   py::class_<RecordSink>(m, "RecordSink");
   py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
@@ -140,31 +154,31 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &OpLog::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("end", &OpLog::end)
       .def_property_readonly("generation", &OpLog::generation)
-      .def_property_readonly("dropped_tail", &OpLog::dropped_tail);
+      .def_property_readonly("dropped_tail", &OpLog::dropped_tail)
+      .def_property_readonly("torn_record", &OpLog::torn_record);
 
   py::class_<State>(m, "State")
       .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
       .def("fork", &State::fork)
+      // replay=True: a logged op, applied without the bounds newer than the log (State::add).
       .def("add", [](State& s, RecordSink* sink, py::handle text, py::handle speaker, py::handle ts,
-                     py::handle vec, py::handle sources) {
-        py::object hold;
+                     py::handle vec, py::handle sources, bool replay) {
         std::string t = as_str(text, "text"), sp = as_str(speaker, "speaker"), when = as_str(ts, "timestamp");
-        const float* v = as_vector(vec, s.dim(), hold);
-        return s.add(sink, t, sp, when, v, as_sources(sources));
+        std::vector<float> v = as_vector(vec, s.dim());
+        return s.add(sink, t, sp, when, v.data(), as_sources(sources), !replay);
       }, py::arg("sink"), py::arg("text"), py::arg("speaker"), py::arg("timestamp"), py::arg("vector"),
-         py::arg("sources") = py::tuple())
+         py::arg("sources") = py::tuple(), py::arg("replay") = false)
       .def("update", [](State& s, RecordSink* sink, py::handle id, py::handle text, py::handle ts,
-                        py::handle vec, py::handle sources) {
-        py::object hold;
+                        py::handle vec, py::handle sources, bool replay) {
         int64_t i = as_id(id);
         std::string t = as_str(text, "text");
-        const float* v = as_vector(vec, s.dim(), hold);
+        std::vector<float> v = as_vector(vec, s.dim());
         Sources src = as_sources(sources);
-        if (ts.is_none()) return s.update(sink, i, t, nullptr, v, src);
+        if (ts.is_none()) return s.update(sink, i, t, nullptr, v.data(), src, !replay);
         std::string when = as_str(ts, "timestamp");
-        s.update(sink, i, t, &when, v, src);
+        s.update(sink, i, t, &when, v.data(), src, !replay);
       }, py::arg("sink"), py::arg("id"), py::arg("text"), py::arg("timestamp"), py::arg("vector"),
-         py::arg("sources") = py::tuple())
+         py::arg("sources") = py::tuple(), py::arg("replay") = false)
       .def("delete", [](State& s, RecordSink* sink, py::handle id) { s.remove(sink, as_id(id)); })
       .def("noop", &State::noop)
       .def("set_base", [](State& s, py::array vectors, py::list rows, int64_t next_id, int64_t lsn) {
@@ -183,11 +197,17 @@ PYBIND11_MODULE(_core, m) {
         return !overflow && s.get(v) != nullptr;
       })
       .def("search", [](const State& s, py::handle q, int k, py::object speaker, py::object rows) {
-        py::object hold;
-        const float* qv = as_vector(q, s.dim(), hold);
+        std::vector<float> query = as_vector(q, s.dim());  // a copy: the caller's array may change meanwhile
         if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
-        int64_t code = speaker.is_none() ? int64_t(-1) : int64_t(speaker_code(speaker.cast<std::string>()));
-        std::vector<float> query(qv, qv + s.dim());  // the caller's array may change once the GIL is free
+        int64_t code = -1;
+        if (!speaker.is_none()) {
+          code = find_speaker(as_str(speaker, "speaker"));
+          if (code < 0) {  // no memory has ever had this speaker
+            float inv;
+            State::validate_vector(query.data(), s.dim(), &inv);  // a bad query is still an error
+            return hits_to_arrays({});
+          }
+        }
         std::vector<int64_t> cand;
         const bool some = !rows.is_none();
         if (some) {

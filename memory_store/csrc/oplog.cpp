@@ -3,9 +3,13 @@
 // File:   [32-byte header: "MEMR1LOG", u32 version, u32 0, u64 generation, u64 0][frame]...
 // Frame:  [u32 length][u32 crc32c(length || payload)][payload][zero padding to 8 bytes]
 // The payload is written first and the 8-byte header last, as one aligned store, so a process killed
-// mid-append leaves either a whole frame or a zero header. Writes land in the page cache through the
+// mid-append leaves either a whole frame or a zero header, and a zero header committed nothing. A nonzero
+// header whose frame fails its checksum is a committed record that was damaged: a torn write (a power
+// loss lost some of its pages, which read back as zeros, or the file was cut short) is dropped and
+// reported (torn_record); anything else is corruption, an error. Writes land in the page cache through the
 // shared mapping, so they survive a killed process whatever the fsync policy; fsync is about power loss.
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +30,12 @@ constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeader = 32;
 constexpr uint64_t kGrow = 1 << 20;      // reservations are whole MiB...
 constexpr uint64_t kMaxGrow = 64 << 20;  // ...doubling up to 64 MiB at a time
+constexpr uint64_t kPage = 4096;         // the unit a power loss loses writes in
+// Counts forks of this process. A forked child shares the parent's log file and mapping, so a handle
+// opened before the latest fork must neither append (two writers) nor trim the file at close (the
+// parent's later appends would be cut off and its mapping would fault past the new end).
+uint64_t fork_epoch = 0;
+[[maybe_unused]] const bool fork_hook = [] { return ::pthread_atfork(nullptr, nullptr, [] { ++fork_epoch; }) == 0; }();
 uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 uint64_t round_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 std::string os_error(const std::string& what, const std::string& path, int err) {
@@ -47,10 +57,13 @@ bool frame_ok(const uint8_t* m, uint64_t size, uint64_t off, uint32_t* len_out) 
   *len_out = len;
   return true;
 }
+// Never through a symlink (a write would land outside the bank); O_NONBLOCK so that a FIFO is refused,
+// not waited on. O_NONBLOCK changes nothing for the regular files that pass the check.
 int open_file(const std::string& path, int flags, const char* what) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0 && errno == ENOENT) throw LogFormat(std::string(what) + " " + path + " is missing");
-  if (fd < 0 && errno == EISDIR) throw LogFormat(std::string(what) + " " + path + " is not a regular file");
+  if (fd < 0 && (errno == EISDIR || errno == ELOOP || errno == ENXIO))
+    throw LogFormat(std::string(what) + " " + path + " is not a regular file");
   if (fd < 0) throw IoError(errno, os_error(std::string("cannot open ") + what, path, errno));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -93,7 +106,7 @@ std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path) {
 }
 
 void OpLog::create(const std::string& path, uint64_t generation) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw IoError(errno, os_error("cannot create op log", path, errno));
   uint8_t h[kHeader] = {};
   std::memcpy(h, kMagic, 8);
@@ -109,7 +122,8 @@ void OpLog::create(const std::string& path, uint64_t generation) {
 }
 
 OpLog::OpLog(const std::string& path, bool writable, int sync, int64_t sync_every)
-    : path_(path), writable_(writable), sync_(sync), sync_every_(sync_every < 1 ? 1 : sync_every) {
+    : path_(path), writable_(writable), sync_(sync), sync_every_(sync_every < 1 ? 1 : sync_every),
+      fork_epoch_(fork_epoch) {
   fd_ = open_file(path, writable ? O_RDWR : O_RDONLY, "op log");
   try {
     if (!writable) {
@@ -166,8 +180,31 @@ void OpLog::load_copy() {
   std::memcpy(&generation_, map_ + 16, 8);
 }
 
-// Walk the frames. The first invalid frame ends the log if nothing valid follows it (a torn tail,
-// which is dropped); if a valid frame follows, the log is corrupt in the middle and we refuse it.
+bool OpLog::forked() const { return fork_epoch_ != fork_epoch; }
+
+void OpLog::check_owner() const {
+  if (forked())
+    throw ForkedHandle("op log " + path_ + " was opened for writing by the process this one was forked from; "
+                       "a forked process may only read that bank handle: open the bank again to write");
+}
+
+// The committed frame at `off` (nonzero header) fails its checksum: torn when the file ends inside it or
+// some page of its payload reads back all zeros (a write a power loss lost), else corrupt.
+bool OpLog::torn_at(uint64_t off) const {
+  uint32_t len;
+  std::memcpy(&len, map_ + off, 4);
+  const uint64_t from = off + 8, to = from + len;
+  if (len == 0 || to > cap_) return len != 0;
+  for (uint64_t p = from; p < to; p = (p / kPage + 1) * kPage) {
+    const uint64_t stop = std::min(to, (p / kPage + 1) * kPage);
+    if (std::all_of(map_ + p, map_ + stop, [](uint8_t b) { return b == 0; })) return true;
+  }
+  return false;
+}
+
+// Walk the frames. The first invalid frame ends the log if nothing valid follows it and it is not a
+// damaged committed record (see the file comment); if a valid frame follows, the log is corrupt in the
+// middle and we refuse it.
 void OpLog::scan() {
   uint64_t off = kHeader;
   uint32_t len;
@@ -181,6 +218,14 @@ void OpLog::scan() {
     if (word != 0 && frame_ok(map_, cap_, probe, &len))
       throw CorruptLog("op log " + path_ + " has a corrupt record at byte offset " + std::to_string(off) +
                        " followed by valid records; refusing to skip it", off);
+  }
+  uint64_t header = 0;
+  if (off + 8 <= cap_) std::memcpy(&header, map_ + off, 8);
+  if (header != 0) {
+    if (!torn_at(off))
+      throw CorruptLog("op log " + path_ + ": its last record, at byte offset " + std::to_string(off) +
+                       ", fails its checksum and was not torn by a crash; refusing to drop it", off);
+    torn_record_ = cap_ - off;
   }
   end_ = synced_to_ = off;
   for (uint64_t i = off; i < cap_; ++i)
@@ -240,6 +285,7 @@ void OpLog::sync_or_take_back(uint64_t start) {
 
 void OpLog::put(const std::string& rec) {
   if (!writable_ || !map_) throw std::runtime_error("op log " + path_ + " is not open for writing");
+  check_owner();
   reserve(8 + pad8(rec.size()));
   const uint64_t start = end_;
   append_frame(rec);
@@ -248,6 +294,7 @@ void OpLog::put(const std::string& rec) {
 
 void OpLog::put_batch(const BatchBuffer& b) {
   if (!writable_ || !map_) throw std::runtime_error("op log " + path_ + " is not open for writing");
+  check_owner();
   uint64_t total = 0;
   for (const auto& rec : b.records) total += 8 + pad8(rec.size());
   reserve(total);  // all of the batch or none of it
@@ -258,7 +305,7 @@ void OpLog::put_batch(const BatchBuffer& b) {
 }
 
 void OpLog::sync() {
-  if (!writable_ || !map_) return;
+  if (!writable_ || !map_ || forked()) return;
   // Only the pages written since the last sync; msync wants a page-aligned start.
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t from = synced_to_ / page * page;
@@ -272,7 +319,9 @@ void OpLog::sync() {
 void OpLog::close() {
   if (!map_) return;
   std::exception_ptr failed;
-  if (writable_) {
+  if (writable_ && forked()) {
+    ::munmap(map_, cap_);  // this process's mapping only; the file is the parent's
+  } else if (writable_) {
     try { if (sync_ != NEVER) sync(); } catch (...) { failed = std::current_exception(); }
     ::munmap(map_, cap_);
     // Trim the reserved zeros: the next open scans only real frames, and the space goes back. No

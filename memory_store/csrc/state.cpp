@@ -1,5 +1,6 @@
 // Bank state: op application and fork bookkeeping (search.cpp searches it). See core.h for the layout.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <unordered_map>
@@ -25,6 +26,10 @@ uint32_t speaker_code(const std::string& s) {
   speaker_names().push_back(s);
   m.emplace(s, code);
   return code;
+}
+int64_t find_speaker(const std::string& s) {
+  auto it = speaker_ids().find(s);
+  return it == speaker_ids().end() ? int64_t(-1) : int64_t(it->second);
 }
 const std::string& speaker_name(uint32_t code) { return speaker_names().at(code); }
 
@@ -102,7 +107,7 @@ void Trie::set(uint64_t i, Record* r) {
 }
 
 // ---- validation ----
-void State::validate_vector(const float* v, int dim, float* inv_norm) {
+void State::validate_vector(const float* v, int dim, float* inv_norm, bool bounded) {
   double ss = 0;
   for (int i = 0; i < dim; ++i) {
     if (!std::isfinite(v[i]))
@@ -110,7 +115,20 @@ void State::validate_vector(const float* v, int dim, float* inv_norm) {
     ss += double(v[i]) * v[i];
   }
   if (ss == 0) throw BadInput("vector is all zeros; cosine similarity is undefined for it");
-  *inv_norm = static_cast<float>(1.0 / std::sqrt(ss));
+  const double norm = std::sqrt(ss);
+  if (bounded && !(norm >= kMinNorm && norm <= kMaxNorm)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "vector norm %.3g is outside [2**-32, 2**32]; its float32 scores would "
+                  "overflow or underflow (rescale it, e.g. to unit length)", norm);
+    throw BadInput(buf);
+  }
+  *inv_norm = static_cast<float>(1.0 / norm);
+}
+
+void State::check_label(const std::string& s, const char* what, size_t max_bytes) {
+  if (s.size() > max_bytes)
+    throw BadInput(std::string(what) + " is " + std::to_string(s.size()) + " bytes, over the limit of " +
+                   std::to_string(max_bytes));
 }
 
 void State::check_text(const std::string& text, const char* what) const {
@@ -180,11 +198,15 @@ void State::put_delta(Record* r) {
 }
 
 int64_t State::add(RecordSink* sink, const std::string& text, const std::string& speaker,
-                   const std::string& timestamp, const float* vec, const Sources& sources) {
+                   const std::string& timestamp, const float* vec, const Sources& sources, bool bounded) {
   check_text(text, "memory text");
   if (speaker.empty()) throw BadInput("speaker is empty");
+  if (bounded) {
+    check_label(speaker, "speaker", kMaxSpeakerBytes);
+    check_label(timestamp, "timestamp", kMaxTimestampBytes);
+  }
   float inv;
-  validate_vector(vec, dim_, &inv);
+  validate_vector(vec, dim_, &inv, bounded);
   check_sources(sources);
   SourcesPtr merged = merge_sources(nullptr, sources);
   const int64_t id = next_id_;
@@ -202,12 +224,13 @@ int64_t State::add(RecordSink* sink, const std::string& text, const std::string&
 }
 
 void State::update(RecordSink* sink, int64_t id, const std::string& text, const std::string* timestamp,
-                   const float* vec, const Sources& sources) {
+                   const float* vec, const Sources& sources, bool bounded) {
   const Record* old = get(id);
   if (!old) throw UnknownId(id);
   check_text(text, "memory text");
+  if (bounded && timestamp) check_label(*timestamp, "timestamp", kMaxTimestampBytes);
   float inv;
-  validate_vector(vec, dim_, &inv);
+  validate_vector(vec, dim_, &inv, bounded);
   check_sources(sources);
   SourcesPtr merged = merge_sources(old->sources, sources);  // may refuse: the per-memory limit
   if (sink) sink->put(encode_update(id, text, timestamp, vec, dim_, sources));
