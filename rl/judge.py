@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import extract_json
+from memr1.rl.agents.jsonish import MAX_CHARS, extract_json
 from memr1.rl.generation import SamplingConfig
 
 LABELS = ("CORRECT", "WRONG")
@@ -44,7 +44,7 @@ def parse_judge(output) -> str | None:
         if isinstance(label, str) and label.strip().upper() in LABELS:
             return label.strip().upper()
     if isinstance(output, str):   # no usable JSON: accept a bare verdict only when it is unambiguous
-        found = {w.upper() for w in re.findall(r"\b(correct|wrong)\b", output, re.I)}
+        found = {w.upper() for w in re.findall(r"\b(correct|wrong)\b", output[:MAX_CHARS], re.I)}
         if len(found) == 1:
             return found.pop()
     return None

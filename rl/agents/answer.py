@@ -105,7 +105,9 @@ class AnswerResult(msgspec.Struct):
 # (quadratic in the reply's length).
 _ANSWER = re.compile(r"(?im)^[ \t*#>_-]*(?:final[ \t]+)?answer[ \t]*[:\uff1a][ \t]*(.*)$")
 MAX_REPLY_CHARS = 32_000   # longer model text is parsed from its tail, where the last "Answer:" is
-_SELECTED_HEADER = re.compile(r"(?i)^\s*[*#]*\s*(relevant|selected)\s+memor(y|ies)")
+# One class for the markup before the header: `\s*[*#]*\s*` splits a run of spaces between the two
+# `\s*` in every way (quadratic).
+_SELECTED_HEADER = re.compile(r"(?i)[\s*#]*(relevant|selected)\s+memor(y|ies)")
 _STRIP = " \t*_`\"'"
 
 
