@@ -45,6 +45,35 @@ def test_split_text_keeps_every_word_within_the_limit():
     assert split_text("short", 4096) == ["short"]
 
 
+def old_split_text(text: str, limit: int) -> list[str]:
+    """split_text as it was: the same cuts, the rest of the text re-encoded for each piece (quadratic)."""
+    pieces = []
+    while len(text.encode()) > limit:
+        head = text.encode()[:limit].decode("utf-8", errors="ignore")
+        cut = head.rfind(" ")
+        if cut < len(head) // 2:
+            cut = len(head)
+        pieces.append(head[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return pieces + ([text] if text else [])
+
+
+def test_split_text_cuts_as_before_in_linear_time():
+    import random
+    import time
+    rng = random.Random(35)
+    words = ["a", "word", "\u00e9t\u00e9", "\u6771\u4eac", "\U0001f600", " ", "  ", "\n", "\u3000", "x" * 90]
+    for _ in range(500):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 200)))
+        limit = rng.choice([64, 80, 100, 333])
+        assert split_text(text, limit) == old_split_text(text, limit), (text, limit)
+    turn = "\u00e9t\u00e9 \u6771\u4eac " * 800_000    # 10 MB of non-ASCII words
+    t0 = time.process_time()
+    pieces = split_text(turn, 4096)
+    assert time.process_time() - t0 < 2, "split_text is not linear"    # generous: it takes ~0.1 s
+    assert " ".join(pieces) == turn
+
+
 def test_rag_splits_long_turns_and_skips_speakerless_ones_with_counts(tmp_path):
     """LongMemEval's 5.5 KB assistant turns and a LoCoMo turn with an empty speaker: the eval runs,
     the long turn becomes several memories, and the report counts both."""
