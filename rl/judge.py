@@ -71,8 +71,8 @@ class JudgeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     url: str = ""                     # an OpenAI-compatible API base, e.g. http://localhost:8000/v1
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
-    retries: Annotated[int, Meta(ge=0)] = 2
-    max_new_tokens: Annotated[int, Meta(ge=1)] = 64
+    retries: Annotated[int, Meta(ge=0, le=100)] = 2
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 64
 
     def __post_init__(self):
         if self.kind not in ("off", "local", "openai"):

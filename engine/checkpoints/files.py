@@ -27,7 +27,7 @@ REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", 
 class CheckpointConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     # Newest checkpoints kept per stage; older ones are deleted after each save, except the one
     # best.json names and the newest one that verifies. 2 leaves a fallback when the latest is damaged.
-    keep_last: Annotated[int, Meta(ge=1)] = 2
+    keep_last: Annotated[int, Meta(ge=1, le=10_000)] = 2
 
 
 class CheckpointError(ValueError):

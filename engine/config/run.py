@@ -35,33 +35,33 @@ from memr1.rl.rewards import RewardConfig
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = the built-in synthetic set
-    n: Annotated[int, Meta(ge=1)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
+    n: Annotated[int, Meta(ge=1, le=10_000)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
                               # fixed (`memr1 data synth --seed S --out F` writes others, read by path)
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fsync: Literal["never", "op", "every_n", "close"] = "close"  # memory_store BankConfig.fsync for banks on disk
-    hash_dim: Annotated[int, Meta(ge=1)] = 256   # vector size when embedder = "hash"
+    hash_dim: Annotated[int, Meta(ge=1, le=65_536)] = 256   # vector size when embedder = "hash"
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """How RL stages sample (evaluation and the frozen roles are greedy). Each role's token budget is
     its own `max_new_tokens`, the same as in evaluation."""
-    temperature: Annotated[float, Meta(ge=0)] = 1.0    # 0: greedy
+    temperature: Annotated[float, Meta(ge=0, le=100)] = 1.0    # 0: greedy
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Meta(ge=-1)] = -1           # -1: off; 0 is refused in `check`
+    top_k: Annotated[int, Meta(ge=-1, le=1 << 20)] = -1           # -1: off; 0 is refused in `check`
 
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engine/loop.py runs a stage. Here, not in loop.py, because the loop imports torch (weight syncs)."""
-    max_staleness: Annotated[int, Meta(ge=0)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
-    sync_every: Annotated[int, Meta(ge=1)] = 1      # push weights to the generator every n learner steps
+    max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
+    sync_every: Annotated[int, Meta(ge=1, le=1_000_000)] = 1      # push weights to the generator every n learner steps
     on_rollout_error: Literal["stop", "skip"] = "stop"
-    max_skipped: Annotated[int, Meta(ge=0)] = 8     # with "skip": stop once this many rollouts failed
+    max_skipped: Annotated[int, Meta(ge=0, le=1_000_000)] = 8     # with "skip": stop once this many rollouts failed
     # Also at the end, on SIGINT/SIGTERM and when a rollout error stops the stage; 0: only then. A
     # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
-    checkpoint_every: Annotated[int, Meta(ge=0)] = 10
-    validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
+    checkpoint_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
+    validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.

@@ -28,10 +28,10 @@ Reply with JSON only: {"facts": ["...", "..."]}"""
 class ExtractConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     source: str = "model"      # model: the base model extracts each turn's facts; oracle: the synthetic
                                # timeline's facts (a perfect extractor; synthetic data only)
-    max_new_tokens: Annotated[int, Meta(ge=1)] = 512  # the completion budget of each extraction call
-    context_turns: Annotated[int, Meta(ge=0)] = 2     # preceding turns shown for references
-    max_facts: Annotated[int, Meta(ge=1)] = 8         # a runaway completion cannot flood the manager
-    max_fact_chars: Annotated[int, Meta(ge=1)] = 300
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 512  # the completion budget of each extraction call
+    context_turns: Annotated[int, Meta(ge=0, le=1000)] = 2     # preceding turns shown for references
+    max_facts: Annotated[int, Meta(ge=1, le=10_000)] = 8         # a runaway completion cannot flood the manager
+    max_fact_chars: Annotated[int, Meta(ge=1, le=100_000)] = 300
 
     def __post_init__(self):
         if self.source not in ("model", "oracle"):
