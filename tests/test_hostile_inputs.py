@@ -54,3 +54,13 @@ def test_a_run_dir_that_cannot_hold_files_is_a_config_error(tmp_path, where):
     with pytest.raises(ConfigError, match="cannot write there"):
         make_run_dir(path)
     assert make_run_dir(tmp_path / "a" / "b").is_dir()
+
+
+def test_resume_drops_metrics_lines_that_are_not_utf8_or_too_deep(tmp_path):
+    import json
+    from memr1.engine.observe.runlog import truncate_metrics
+    good = [json.dumps({"stage": "manager", "step": s, "loss": 0.5}).encode() for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join([good[0], b"\xff\xfe{\"step\": 2}", good[1],
+                                                         b"[" * 100_000, good[2], b'{"stage": "manager", "st']))
+    assert truncate_metrics(tmp_path, {"manager": 2}) == 4
+    assert (tmp_path / "metrics.jsonl").read_bytes() == good[0] + b"\n" + good[1] + b"\n"
