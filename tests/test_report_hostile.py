@@ -50,6 +50,7 @@ HOSTILE = {
     "eval summary a list": lambda d: (d / "eval" / "summary.json").write_text("[]"),
     "eval summary not JSON": lambda d: (d / "eval" / "summary.json").write_text("{"),
     "profile trace not JSON": lambda d: next((d / "profile").glob("*/step_*.json")).write_text("{"),
+    "a manifest.json nested deep": lambda d: (d / "manifest.json").write_text("[" * 100_000),
     "profile trace a list": lambda d: next((d / "profile").glob("*/step_*.json")).write_text("[1]"),
 }
 
