@@ -18,7 +18,7 @@ from memr1.engine.config.caches import cache_dirs, model_identity
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.judge import make_judge
 from memr1.engine.config.resolve import Resolved, resolve
-from memr1.engine.config.run import dump_toml, load_config, make_embedder
+from memr1.engine.config.run import dump_toml, load_config, make_embedder, make_run_dir
 from memr1.engine.observe import quiet
 
 ROLES = ("extract", "manager", "answer", "judge")
@@ -83,7 +83,7 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
 
     cfg, run_dir, base = run.cfg, run.run_dir, run.base_model
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
     quiet.log_to(run_dir)
     convs = load_conversations(cfg.data.path or None, cfg.data.n, split=split)
     if not convs:

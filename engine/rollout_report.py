@@ -39,7 +39,7 @@ def moments(values: list[float]) -> dict:
 def is_rollout_dir(path: Path) -> bool:
     try:
         return json.loads((path / "manifest.json").read_text()).get("kind") == MANIFEST_KIND
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):   # any file at all: not a rollout folder
         return False
 
 

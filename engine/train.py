@@ -31,8 +31,8 @@ from memr1.engine.checkpoints.resume import check_resume_config, resume_points, 
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.judge import make_judge
 from memr1.engine.config.plan import plan_text
-from memr1.engine.config.resolve import Resolved, budget_warnings, resolve
-from memr1.engine.config.run import RunConfig, dump_toml, load_config, make_embedder
+from memr1.engine.config.resolve import Resolved, budget_warnings, env_world, resolve
+from memr1.engine.config.run import RunConfig, dump_toml, load_config, make_embedder, make_run_dir
 from memr1.engine.config.stages import stage_name
 from memr1.engine.generation import make_generator
 from memr1.engine.generation.weights import push_weights
@@ -178,6 +178,7 @@ def train(cfg: RunConfig) -> dict:
     from memr1.engine.items import RunItems
 
     # Under torchrun, join the process group before any engine exists, so vLLM joins it too.
+    env_world()   # a WORLD_SIZE that is no rank count stops here, as one error line
     rank, world = dist_utils.init(cfg.learner.device)
     try:
         run = resolve(cfg, rank, world)
@@ -185,7 +186,7 @@ def train(cfg: RunConfig) -> dict:
         raise ConfigError(str(e)) from None
     say = print if rank == 0 else (lambda *a, **k: None)
     check_train_data(cfg)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run.run_dir)
     quiet.log_to(run.run_dir)
     # Before any engine starts: a run whose checkpoints are all damaged stops here.
     resume = resume_points(run.run_dir, cfg.stages, rank, say)

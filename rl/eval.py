@@ -17,8 +17,10 @@ Every role's completions that hit their token budget are counted (`capped`), per
 """
 import time
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 from tqdm import tqdm
 
 from memr1.rl.agents.answer import AnswerConfig, parse_answer
@@ -44,22 +46,15 @@ words. Turn relative dates into absolute dates using the session's date."""
 
 class EvalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     baseline: str = "memr1"            # memr1 | base | oracle | rag | full_context
-    max_turns: int = 0                 # per conversation, 0 = all (smoke runs)
-    max_questions: int = 0             # per conversation, 0 = all (smoke runs)
-    fact_match_f1: float = 0.5         # oracle fact matching threshold (see eval_report)
-    resamples: int = 2000              # bootstrap resamples of paired comparisons (rl/stats.py)
+    max_turns: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
+    max_questions: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
+    fact_match_f1: Annotated[float, Meta(gt=0, le=1)] = 0.5   # oracle fact matching threshold (see eval_report)
+    resamples: Annotated[int, Meta(ge=1, le=1_000_000)] = 2000   # bootstrap resamples of paired comparisons (rl/stats.py)
     progress: bool = True
 
     def __post_init__(self):
         if self.baseline not in BASELINES:
             raise ValueError(f"eval.baseline must be one of {BASELINES}, got {self.baseline!r}")
-        if self.resamples < 1:
-            raise ValueError("eval.resamples must be >= 1")
-        for name in ("max_turns", "max_questions"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 < self.fact_match_f1 <= 1.0:
-            raise ValueError(f"eval.fact_match_f1 must be in (0, 1], got {self.fact_match_f1}")
 
 
 def evaluate(conversations: list, split: str, generator, embedder, cfg: EvalConfig, *, task: Task = Task(),

@@ -40,11 +40,11 @@ from memr1.rl.data.locomo import QA, Conversation, Session
 
 class ItemsConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     bank_pipeline: Literal["oracle", "manager"] = "manager"  # stage-1 banks (see the module doc)
-    window_turns: Annotated[int, Meta(ge=0)] = 50   # "manager": the bank is built from this many preceding turns
+    window_turns: Annotated[int, Meta(ge=0, le=1_000_000)] = 50   # "manager": the bank is built from this many preceding turns
     answer_banks: Literal["oracle", "manager"] = "manager"   # the answer stage's banks: the synthetic
                                     # oracle's, or built by the run's latest manager (the paper's stage 2)
-    max_questions_per_item: Annotated[int, Meta(ge=1)] = 2   # decided questions per item
-    guard_questions: Annotated[int, Meta(ge=0)] = 2   # per item, with the oracle pipeline (module doc); the
+    max_questions_per_item: Annotated[int, Meta(ge=1, le=10_000)] = 2   # decided questions per item
+    guard_questions: Annotated[int, Meta(ge=0, le=10_000)] = 2   # per item, with the oracle pipeline (module doc); the
                                     # paper does not say which questions score a call: ours are the ones it can change
 
 

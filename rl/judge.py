@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import extract_json
+from memr1.rl.agents.jsonish import MAX_CHARS, extract_json
 from memr1.rl.generation import SamplingConfig
 
 LABELS = ("CORRECT", "WRONG")
@@ -44,7 +44,7 @@ def parse_judge(output) -> str | None:
         if isinstance(label, str) and label.strip().upper() in LABELS:
             return label.strip().upper()
     if isinstance(output, str):   # no usable JSON: accept a bare verdict only when it is unambiguous
-        found = {w.upper() for w in re.findall(r"\b(correct|wrong)\b", output, re.I)}
+        found = {w.upper() for w in re.findall(r"\b(correct|wrong)\b", output[:MAX_CHARS], re.I)}
         if len(found) == 1:
             return found.pop()
     return None
@@ -71,8 +71,8 @@ class JudgeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     url: str = ""                     # an OpenAI-compatible API base, e.g. http://localhost:8000/v1
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
-    retries: Annotated[int, Meta(ge=0)] = 2
-    max_new_tokens: Annotated[int, Meta(ge=1)] = 64
+    retries: Annotated[int, Meta(ge=0, le=100)] = 2
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 64
 
     def __post_init__(self):
         if self.kind not in ("off", "local", "openai"):

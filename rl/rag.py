@@ -7,26 +7,34 @@ speaker. Both are counted (`input_counts`) and the eval report carries the count
 """
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from memr1.memory_store import Add, BankConfig, BankError, MemoryBank
 from memr1.rl.data.locomo import DataError
 
+_SPACES = re.compile(r"\s*")   # what str.lstrip removes
 # The most a memory's text may hold in the banks made here (BankConfig's default, 4,096 bytes).
 MAX_TEXT_BYTES = next(f.default for f in msgspec.structs.fields(BankConfig) if f.name == "max_text_bytes")
 
 
 def split_text(text: str, limit: int) -> list[str]:
-    """`text` in pieces of at most `limit` UTF-8 bytes, cut at a space where one is near the end."""
-    pieces = []
-    while len(text.encode()) > limit:
-        head = text.encode()[:limit].decode("utf-8", errors="ignore")
+    """`text` in pieces of at most `limit` UTF-8 bytes, cut at a space where one is near the end. Each
+    piece looks at only its own window (at most `limit` characters), so a 10 MB turn is not re-encoded
+    once per piece."""
+    pieces, pos = [], 0
+    left = len(text.encode())   # the bytes of text[pos:]
+    while left > limit:
+        head = text[pos:pos + limit].encode()[:limit].decode("utf-8", errors="ignore")
         cut = head.rfind(" ")
         if cut < len(head) // 2:   # no space in the second half: cut inside the word
             cut = len(head)
         pieces.append(head[:cut].rstrip())
-        text = text[cut:].lstrip()
-    return pieces + ([text] if text else [])
+        nxt = _SPACES.match(text, pos + cut).end()   # the next piece starts at a word
+        left -= len(text[pos:nxt].encode())
+        pos = nxt
+    return pieces + ([text[pos:]] if pos < len(text) else [])
 
 
 def has_speaker(turn) -> bool:

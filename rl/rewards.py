@@ -103,16 +103,16 @@ def score_answer(prediction: str, gold: str) -> dict[str, float]:
 class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     kind: Literal["em", "f1", "judge"] = "em"   # what scores an answer; the paper trains on EM
     # Penalties are subtracted, so a negative one would reward the failure.
-    format_penalty: Annotated[float, Meta(ge=0)] = 1.0       # manager: the completion is not the op JSON
-    invalid_op_penalty: Annotated[float, Meta(ge=0)] = 0.0   # manager: per op dropped (unknown id or
+    format_penalty: Annotated[float, Meta(ge=0, le=1000)] = 1.0       # manager: the completion is not the op JSON
+    invalid_op_penalty: Annotated[float, Meta(ge=0, le=1000)] = 0.0   # manager: per op dropped (unknown id or
                                                              # event, duplicate) or rejected by the bank
-    answer_format_penalty: Annotated[float, Meta(ge=0)] = 0.0  # answer agent: no "Answer:" line
+    answer_format_penalty: Annotated[float, Meta(ge=0, le=1000)] = 0.0  # answer agent: no "Answer:" line
     # manager: per memory the call's applied ops add beyond one per fact it reads (ADDs minus DELETEs,
     # never below 0): a call-level form of Memory-R2's compression penalty with its free zone; not in
     # Memory-R1. The outcome alone pays a manager that writes each fact twice (two copies take two of
     # the answer agent's top-k slots from the stale memory beside them) and never UPDATEs; one memory
     # per fact stays free, so an ADD of a new fact costs nothing.
-    memory_penalty: Annotated[float, Meta(ge=0)] = 0.0
+    memory_penalty: Annotated[float, Meta(ge=0, le=1000)] = 0.0
 
 
 def answer_score(prediction: str, gold: str, kind: str, judge_label: str | None = None) -> float:

@@ -30,10 +30,10 @@ from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, 
 
 class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     # Ranges (Meta) are checked when a config is read, so a bad value fails before any engine starts.
-    steps: Annotated[int, Meta(ge=1)] = 4
-    prompts_per_step: Annotated[int, Meta(ge=1)] = 128   # prompts per step, as verl's train_batch_size counts them
-    group_size: Annotated[int, Meta(ge=1)] = 8           # completions per prompt (GRPO's n; PPO samples 1); warm stages: 1
-    lr: Annotated[float, Meta(gt=0)] = 1e-6
+    steps: Annotated[int, Meta(ge=1, le=1_000_000)] = 4
+    prompts_per_step: Annotated[int, Meta(ge=1, le=1_000_000)] = 128   # prompts per step, as verl's train_batch_size counts them
+    group_size: Annotated[int, Meta(ge=1, le=1024)] = 8           # completions per prompt (GRPO's n; PPO samples 1); warm stages: 1
+    lr: Annotated[float, Meta(gt=0, le=1)] = 1e-6
 
     def __post_init__(self):
         for name in ("steps", "prompts_per_step", "group_size"):

@@ -55,7 +55,27 @@ DAMAGE = {
     "missing RNG file": lambda d: (d / "rng_rank0.pt").unlink(),
     "a flipped byte": lambda d: flip(d / "optimizer.pt"),
     "a garbled manifest": lambda d: (d / "manifest.json").write_text("{not json"),
+    "a manifest that is a list": lambda d: (d / "manifest.json").write_text("[]"),
+    "a manifest that is a string": lambda d: (d / "manifest.json").write_text('"memr1-checkpoint"'),
+    "a manifest 100,000 deep": lambda d: (d / "manifest.json").write_text("[" * 100_000 + "]" * 100_000),
+    "a manifest of non-UTF-8 bytes": lambda d: (d / "manifest.json").write_bytes(b"\xff\xfe{"),
+    "a manifest entry that is no object": lambda d: edit_manifest(d, lambda m: m["files"].update({"state.json": 7})),
+    "a manifest naming a file outside": lambda d: edit_manifest(d, lambda m: m["files"].update(
+        {"../step_1/state.json": listing(d / "../step_1/state.json")})),
+    "a state.json 100,000 deep": lambda d: (d / "state.json").write_text("[" * 100_000 + "]" * 100_000),
 }
+
+
+def listing(f) -> dict:
+    """A manifest's entry for file f, right in size and checksum."""
+    import hashlib
+    return {"bytes": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+
+
+def edit_manifest(d, change):
+    manifest = json.loads((d / "manifest.json").read_text())
+    change(manifest)
+    (d / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_a_whole_checkpoint_verifies_and_lists_every_file(stage):

@@ -45,6 +45,35 @@ def test_split_text_keeps_every_word_within_the_limit():
     assert split_text("short", 4096) == ["short"]
 
 
+def old_split_text(text: str, limit: int) -> list[str]:
+    """split_text as it was: the same cuts, the rest of the text re-encoded for each piece (quadratic)."""
+    pieces = []
+    while len(text.encode()) > limit:
+        head = text.encode()[:limit].decode("utf-8", errors="ignore")
+        cut = head.rfind(" ")
+        if cut < len(head) // 2:
+            cut = len(head)
+        pieces.append(head[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return pieces + ([text] if text else [])
+
+
+def test_split_text_cuts_as_before_in_linear_time():
+    import random
+    import time
+    rng = random.Random(35)
+    words = ["a", "word", "\u00e9t\u00e9", "\u6771\u4eac", "\U0001f600", " ", "  ", "\n", "\u3000", "x" * 90]
+    for _ in range(500):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 200)))
+        limit = rng.choice([64, 80, 100, 333])
+        assert split_text(text, limit) == old_split_text(text, limit), (text, limit)
+    turn = "\u00e9t\u00e9 \u6771\u4eac " * 800_000    # 10 MB of non-ASCII words
+    t0 = time.process_time()
+    pieces = split_text(turn, 4096)
+    assert time.process_time() - t0 < 2, "split_text is not linear"    # generous: it takes ~0.1 s
+    assert " ".join(pieces) == turn
+
+
 def test_rag_splits_long_turns_and_skips_speakerless_ones_with_counts(tmp_path):
     """LongMemEval's 5.5 KB assistant turns and a LoCoMo turn with an empty speaker: the eval runs,
     the long turn becomes several memories, and the report counts both."""
@@ -138,3 +167,44 @@ def test_any_command_prints_a_user_error_as_one_line(monkeypatch, capsys):
     monkeypatch.setattr(locomo, "stats_cli", fails)
     assert cli_main(["data", "stats", "x.json"]) == 2
     assert capsys.readouterr().err == "error: x.json item 3: missing key 'qa'\n"
+
+
+def _oracle(data) -> dict:
+    return data[0]["memr1_oracle"]
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d[0].update(memr1_oracle=[]), "Expected `object`, got `array`"),
+    (lambda d: d[0].update(memr1_oracle="timeline"), "Expected `object`, got `str`"),
+    (lambda d: d[0].update(memr1_oracle={}), "missing required field `timeline`"),
+    (lambda d: _oracle(d).update(timeline=3), r"Expected `array`, got `int` - at `\$.timeline`"),
+    (lambda d: _oracle(d)["timeline"][0].pop("memory"), "missing required field `memory`"),
+    (lambda d: _oracle(d)["timeline"][0].update(event="MERGE"), "Invalid enum value .MERGE."),
+    (lambda d: _oracle(d)["timeline"][0].update(dia_id="D99:1"), r"turns the conversation lacks: \['D99:1'\]"),
+    (lambda d: _oracle(d)["timeline"][1].update(event="UPDATE", old_memory=None), "without the old_memory"),
+    (lambda d: _oracle(d).update(final_facts=["a"]), r"Expected `object`, got `array` - at `\$.final_facts`"),
+])
+def test_a_malformed_oracle_is_one_data_error_naming_the_conversation(tmp_path, mutate, match):
+    data = synthesize(1, seed=2)
+    mutate(data)
+    with pytest.raises(DataError, match=f"synth-2-0000: memr1_oracle: .*{match}"):
+        load_conversations(write(tmp_path / "bad.json", data))
+
+
+@pytest.mark.parametrize("mutate, what", [
+    (lambda c: c.update(sample_id="s\ud800"), "sample_id"),
+    (lambda c: c["conversation"]["session_1"][0].update(speaker="A\udfff"), "turn 0 of session_1: speaker"),
+    (lambda c: c["conversation"]["session_1"][1].update(text="hi \ud83d"), "turn 1 of session_1: text"),
+    (lambda c: c["qa"][0].update(question="when\udc80?"), "qa 0: question"),
+])
+def test_a_lone_surrogate_is_a_data_error_naming_the_field(tmp_path, mutate, what):
+    data = synthesize(1, seed=2)
+    data[0].pop("memr1_oracle")
+    mutate(data[0])
+    with pytest.raises(DataError, match=f"{what} is not valid Unicode"):
+        load_conversations(write(tmp_path / "bad.json", data))
+
+
+def test_an_integer_of_5000_digits_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match=r"big\.json: not valid JSON \(Exceeds the limit"):
+        load_conversations(write(tmp_path / "big.json", '[{"sample_id": ' + "9" * 5000 + "}]"))

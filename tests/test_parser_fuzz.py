@@ -178,3 +178,61 @@ def test_a_megabyte_of_model_text_parses_in_under_half_a_second(bank, text):
         t0 = time.process_time()
         parse(text)
         assert time.process_time() - t0 < 0.5, parse
+
+
+# Adversarial families at a megabyte: fences (unclosed, with a tag, thousands of them), bullets, and a
+# long run of one character after a prefix, alone, before an "Answer:" line and after one. A parser
+# linear in its input takes milliseconds on each; a quadratic one takes seconds on the first 32,000
+# characters alone. The bound is a generous one on that linear-time property (process CPU time).
+MB = 1 << 20
+PREFIXES = ["```", "```json\n", "- x", "1. x", "* ", "Answer:", "Relevant memories:\n", "{", '{"memory": ["', "'"]
+RUNS = [" ", "\n", "\t", "a", "1", "`", "{", '"', "\u3000"]
+FENCES_AND_BULLETS = {"fences": "```" * (MB // 3), "tagged-fences": "```json\n{```" * (MB // 12),
+                      "fence-then-text": "```" + "x" * MB + "```", "bullets": "- x\n" * (MB // 4),
+                      "bullet-spaces": "- x" + " " * MB + "y", "numbered-tabs": "1. x" + "\t" * MB + "y"}
+PARSERS = {"manager": lambda t: parse_manager_output(t, N_SHOWN, CFG), "answer": parse_answer,
+           "facts": parse_facts, "judge": parse_judge}
+
+
+def check_parse_times(texts, bound: float = 0.5) -> float:
+    """The slowest parse of any of `texts`; fails at the first one over `bound` seconds."""
+    import time
+    worst = 0.0
+    for label, text in texts:
+        for name, parse in PARSERS.items():
+            t0 = time.process_time()
+            parse(text)
+            seconds = time.process_time() - t0
+            assert seconds < bound, f"{name} on {label}: {seconds:.2f} s"
+            worst = max(worst, seconds)
+    return worst
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_megabyte_run_after_a_prefix_parses_in_linear_time(prefix):
+    check_parse_times((f"{prefix!r} + {ch!r} * 1 MB {where}", text) for ch in RUNS for where, text in (
+        ("", prefix + ch * MB), ("+ answer line", prefix + ch * MB + "y\nAnswer: x"),
+        ("after an answer line", "Answer: x\n" + prefix + ch * MB + "y")))
+
+
+def test_megabyte_fences_and_bullets_parse_in_linear_time():
+    check_parse_times(FENCES_AND_BULLETS.items())
+
+
+_OLD_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)   # the regex _fenced replaces (quadratic)
+_OLD_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.+?)\s*$")
+
+
+def test_fence_and_bullet_scanners_agree_with_the_regexes_they_replace():
+    from memr1.rl.agents.extract import _BULLET
+    from memr1.rl.agents.jsonish import MAX_FENCES, _fenced
+    rng = random.Random(35)
+    alphabet = ["`", "``", "```", "```", "json", "\n", " ", "\t", "{", "}", "x", "-", "*", "1", ".", ")", "\u2022"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        old_bodies = [m.group(1) for m in _OLD_FENCE.finditer(text) if m.group(1).strip()]
+        assert _fenced(text) == old_bodies[:MAX_FENCES], repr(text)
+        for line in text.splitlines():
+            old, new = _OLD_BULLET.match(line), _BULLET.match(line)
+            # A bullet with only spaces after it gave a blank fact, which every caller drops.
+            assert (new.group(1).rstrip() if new else "") == (old.group(1).strip() if old else ""), repr(line)

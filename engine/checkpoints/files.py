@@ -27,7 +27,7 @@ REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", 
 class CheckpointConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     # Newest checkpoints kept per stage; older ones are deleted after each save, except the one
     # best.json names and the newest one that verifies. 2 leaves a fallback when the latest is damaged.
-    keep_last: Annotated[int, Meta(ge=1)] = 2
+    keep_last: Annotated[int, Meta(ge=1, le=10_000)] = 2
 
 
 class CheckpointError(ValueError):
@@ -71,16 +71,17 @@ def verify(path: Path, checksums: bool = True) -> str | None:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         manifest = None
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"{MANIFEST} does not read ({e})"
+    except (ValueError, RecursionError) as e:   # not JSON, not UTF-8, nested 100,000 deep
+        return f"{MANIFEST} does not read ({type(e).__name__})"
     if manifest is None:   # written before manifests: the required files and a readable state.json
         missing = [n for n in REQUIRED if not (path / n).is_file() or (path / n).stat().st_size == 0]
         if missing:
             return f"missing or empty: {', '.join(missing)}"
     else:
         files = manifest.get("files") if isinstance(manifest, dict) else None
-        if manifest.get("format") != FORMAT or not isinstance(files, dict):
-            return f"{MANIFEST} is not a memr1 checkpoint manifest"
+        if (not isinstance(files, dict) or manifest.get("format") != FORMAT
+                or not all(isinstance(w, dict) and Path(n).name == n != ".." for n, w in files.items())):
+            return f"{MANIFEST} is not a memr1 checkpoint manifest"   # a list, a string, a path outside
         if missing := [n for n in REQUIRED if n not in files]:
             return f"{MANIFEST} does not list {', '.join(missing)}"
         for name, want in files.items():
@@ -97,8 +98,8 @@ def verify(path: Path, checksums: bool = True) -> str | None:
     try:
         state = json.loads((path / "state.json").read_text())
         int(state["step"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        return f"state.json does not read ({type(e).__name__}: {e})"
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        return f"state.json does not read ({type(e).__name__}: {str(e)[:200]})"
     return None
 
 
@@ -106,7 +107,7 @@ def best_step(stage_dir) -> int | None:
     """The step best.json names, or None."""
     try:
         return int(json.loads((Path(stage_dir) / "best.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

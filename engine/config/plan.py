@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from memr1.engine.config.resolve import budget_warnings, problems
+from memr1.engine.config.resolve import budget_warnings, env_world, problems
 from memr1.engine.config.run import RunConfig
 from memr1.engine.config.stages import stage_config, stage_name
 from memr1.rl.agents.answer import reply_bound
@@ -59,7 +59,7 @@ def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
     from memr1.engine.generation import resolve_model
 
     on_gpu = cfg.learner.device.startswith("cuda")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env_world()
     lines = [f"run {cfg.name}: stages {' -> '.join(cfg.stages)}, algo {cfg.learner.algo}, reward {cfg.reward.kind}, "
              f"max_staleness {cfg.loop.max_staleness}",
              f"placement: {world} rank(s), learner on {cfg.learner.device}, generator backend "

@@ -10,11 +10,13 @@ show (prompts that do not divide over the ranks, budgets that can cut a distilla
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
+from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.run import RunConfig
 from memr1.engine.config.stages import stage_config, stage_name
 from memr1.engine.training.config import LearnerConfig
@@ -92,11 +94,20 @@ def budget_warnings(cfg: RunConfig) -> list[str]:
     return []
 
 
+def env_world() -> int:
+    """The number of ranks torchrun set in WORLD_SIZE (1 when unset). Anything but a positive integer
+    is a ConfigError: 0 or a negative count would divide the memory estimate by it."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    if not re.fullmatch(r"[0-9]{1,6}", raw.strip()) or int(raw) < 1:
+        raise ConfigError(f"WORLD_SIZE={raw!r}: must be a positive number of ranks (torchrun sets it)")
+    return int(raw)
+
+
 def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model: bool = True) -> Resolved:
     """The derived run. Raises ValueError on a problem (see `problems`)."""
     from memr1.engine.generation import resolve_model
 
-    world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    world = world if world is not None else env_world()
     if found := problems(cfg, world):
         raise ValueError(found[0])
     try:

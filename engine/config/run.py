@@ -10,6 +10,7 @@ a typo never silently falls back to a default.
 """
 import math
 import re
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,33 +36,33 @@ from memr1.rl.rewards import RewardConfig
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = the built-in synthetic set
-    n: Annotated[int, Meta(ge=1)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
+    n: Annotated[int, Meta(ge=1, le=10_000)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
                               # fixed (`memr1 data synth --seed S --out F` writes others, read by path)
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fsync: Literal["never", "op", "every_n", "close"] = "close"  # memory_store BankConfig.fsync for banks on disk
-    hash_dim: Annotated[int, Meta(ge=1)] = 256   # vector size when embedder = "hash"
+    hash_dim: Annotated[int, Meta(ge=1, le=65_536)] = 256   # vector size when embedder = "hash"
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """How RL stages sample (evaluation and the frozen roles are greedy). Each role's token budget is
     its own `max_new_tokens`, the same as in evaluation."""
-    temperature: Annotated[float, Meta(ge=0)] = 1.0    # 0: greedy
+    temperature: Annotated[float, Meta(ge=0, le=100)] = 1.0    # 0: greedy
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Meta(ge=-1)] = -1           # -1: off; 0 is refused in `check`
+    top_k: Annotated[int, Meta(ge=-1, le=1 << 20)] = -1           # -1: off; 0 is refused in `check`
 
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engine/loop.py runs a stage. Here, not in loop.py, because the loop imports torch (weight syncs)."""
-    max_staleness: Annotated[int, Meta(ge=0)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
-    sync_every: Annotated[int, Meta(ge=1)] = 1      # push weights to the generator every n learner steps
+    max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 0   # 0: synchronous; k: rollouts may run k weight versions ahead
+    sync_every: Annotated[int, Meta(ge=1, le=1_000_000)] = 1      # push weights to the generator every n learner steps
     on_rollout_error: Literal["stop", "skip"] = "stop"
-    max_skipped: Annotated[int, Meta(ge=0)] = 8     # with "skip": stop once this many rollouts failed
+    max_skipped: Annotated[int, Meta(ge=0, le=1_000_000)] = 8     # with "skip": stop once this many rollouts failed
     # Also at the end, on SIGINT/SIGTERM and when a rollout error stops the stage; 0: only then. A
     # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
-    checkpoint_every: Annotated[int, Meta(ge=0)] = 10
-    validate_every: Annotated[int, Meta(ge=0)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
+    checkpoint_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
+    validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -105,6 +106,18 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return path
 
 
+def make_run_dir(path: Path) -> Path:
+    """Create the run folder and check a file can be written there (a folder under a file, or in
+    /proc, cannot hold one), so a bad run_dir is one error line before anything starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ConfigError(f"run_dir {path}: cannot write there ({e.strerror or e})") from None
+    return path
+
+
 EMBEDDERS = ("minilm", "hash")
 
 
@@ -125,11 +138,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         path = Path(path)
         if path.is_dir():
             raise ConfigError(f"config file {path} is a directory, not a TOML file")
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
+        if not path.is_file():   # /dev/zero, a FIFO: reading it would never end
+            raise ConfigError(f"config file {path} is not a regular file")
         try:
             raw = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:   # TOMLDecodeError, UnicodeDecodeError, an integer of 5,000 digits
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
         except RecursionError:
             raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
@@ -162,6 +177,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         value = text
+    except ValueError as e:   # a TOML literal Python refuses: an integer of 5,000 digits
+        raise ConfigError(f"override {item[:80]!r}: {e}") from None
     except RecursionError:
         raise ConfigError(f"override {item!r}: the value is nested too deeply") from None
     return key, value
@@ -184,9 +201,12 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     at = lambda key: (by_key or {}).get(key, where)   # noqa: E731
     if cfg.embedder not in EMBEDDERS:
         raise ConfigError(f"{at('embedder')}: embedder must be one of {EMBEDDERS}, got {cfg.embedder!r}")
-    if not cfg.name or "/" in cfg.name or "\\" in cfg.name or cfg.name.strip(".") == "":
-        raise ConfigError(f"{at('name')}: name must be a folder name (not empty, no '/', not dots only), "
-                          f"got {cfg.name!r}")
+    if not cfg.name.strip() or re.search(r"[/\\\x00-\x1f\x7f]", cfg.name) or cfg.name.strip(".") == "":
+        raise ConfigError(f"{at('name')}: name must be a folder name (not blank, no '/' or control "
+                          f"characters, not dots only), got {cfg.name!r}")
+    for key in ("run_dir", "cache_dir"):
+        if "\x00" in getattr(cfg, key):   # no path can hold one
+            raise ConfigError(f"{at(key)}: {key} holds a NUL byte: {getattr(cfg, key)!r}")
     if cfg.rollout.top_k == 0:
         raise ConfigError(f"{at('rollout.top_k')}: rollout.top_k = 0: must be -1 (off) or >= 1")
     unknown = [s for s in cfg.stages if s not in STAGES]

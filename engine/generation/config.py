@@ -11,12 +11,12 @@ class GeneratorConfig(msgspec.Struct, kw_only=True):
     model: str = "default"  # "default" = converted SmolLM2-135M-Instruct; else a local HF checkpoint dir
     dtype: str = "auto"  # "auto" keeps the checkpoint's dtype; "fast": bfloat16 where the hardware multiplies
                          # it natively (GPUs, CPUs with AMX or AVX512-BF16), else the checkpoint's
-    max_model_len: Annotated[int, Meta(ge=1)] = 4096  # prompt + new tokens
+    max_model_len: Annotated[int, Meta(ge=1, le=1 << 20)] = 4096  # prompt + new tokens
     truncate_prompts: bool = False  # keep the last tokens of an over-long prompt instead of raising
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.3
     enforce_eager: bool = True
-    weight_bucket_mb: Annotated[int, Meta(ge=1)] = 256  # new weights move to the engine this much at a time
-    batch_size: Annotated[int, Meta(ge=1)] = 64  # prompts per generate call when building banks and evaluating
+    weight_bucket_mb: Annotated[int, Meta(ge=1, le=1 << 16)] = 256  # new weights move to the engine this much at a time
+    batch_size: Annotated[int, Meta(ge=1, le=1 << 16)] = 64  # prompts per generate call when building banks and evaluating
     sleep_level: Annotated[int, Meta(ge=1, le=2)] = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them
     cache_dir: str = ""  # vLLM caches and IPC files; "" = $MEMR1_CACHE/vllm
 

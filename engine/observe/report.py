@@ -11,10 +11,10 @@ eval's own (eval/summary.json) when present.
 import json
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 from memr1.engine.observe import figures, throughput
+from memr1.engine.observe.run_files import read_comparisons, read_config, read_evals, read_metrics
 from memr1.engine.observe.traces import profile_section
 from memr1.rl.data.locomo import CATEGORY_NAMES
 from memr1.rl.stats import bootstrap_mean, paired_bootstrap
@@ -26,25 +26,6 @@ RESAMPLES = 1000
 
 class ReportError(ValueError):
     """Nothing to report from (the folder is missing or holds no run output)."""
-
-
-def read_metrics(run_dir: Path, missing: list[str]) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        missing.append("metrics.jsonl: none, so no training step was logged")
-        return []
-    rows, bad = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict) and "stage" in row and "step" in row:
-            rows.append(row)
-    if bad:
-        missing.append(f"metrics.jsonl: {bad} unreadable line(s) skipped (a run killed while writing)")
-    return rows
 
 
 def by_stage(rows: list[dict], order: list[str]) -> dict[str, dict]:
@@ -59,21 +40,6 @@ def by_stage(rows: list[dict], order: list[str]) -> dict[str, dict]:
     names = [n for n in order if n in out] + [n for n in out if n not in order]
     return {n: {"rows": [out[n]["steps"][k] for k in sorted(out[n]["steps"])], "skipped": out[n]["skipped"]}
             for n in names}
-
-
-def read_evals(run_dir: Path, missing: list[str]) -> dict[str, dict]:
-    """"<split>[.<label>]" -> the eval report, for every readable eval/*.json."""
-    out = {}
-    for path in sorted((run_dir / "eval").glob("*.json")):
-        if path.name == "summary.json":
-            continue
-        try:
-            report = json.loads(path.read_text())
-            if "answers" in report and "metrics" in report:
-                out[path.stem] = report
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            missing.append(f"eval/{path.name}: unreadable (a run killed while writing it?)")
-    return out
 
 
 def category_cells(report: dict, resamples: int) -> dict:
@@ -135,10 +101,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     out = Path(out_dir) if out_dir else run_dir / "report"
     t0 = time.perf_counter()
     missing: list[str] = []
-    cfg = {}
-    if (run_dir / "config.toml").is_file():
-        cfg = tomllib.loads((run_dir / "config.toml").read_text())
-    elif (run_dir / "metrics.jsonl").is_file():
+    cfg = read_config(run_dir, missing)
+    if not (run_dir / "config.toml").is_file() and (run_dir / "metrics.jsonl").is_file():
         missing.append("config.toml: none, so the configured steps are unknown")
     evals = read_evals(run_dir, missing)
     traces = sorted((run_dir / "profile").glob("*/step_*.json"))
@@ -147,7 +111,10 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     rows = read_metrics(run_dir, missing) if (run_dir / "metrics.jsonl").is_file() else []
     order = cfg.get("stages") or []
     stages = by_stage(rows, order)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:   # --out names a file, or a folder under one
+        raise ReportError(f"{out}: cannot write the report there ({e.strerror or e})") from None
     device = (cfg.get("learner") or {}).get("device", "cpu")
     max_stale = (cfg.get("loop") or {}).get("max_staleness")
     md = [f"# memr1 report: {run_dir}", ""]
@@ -227,8 +194,7 @@ def _eval_section(run_dir: Path, cfg: dict, evals: dict, out: Path, figs: list, 
     figures.eval_categories({n: category_cells(r, resamples) for n, r in main.items()}, out / f)
     figs.append((f, f"F1 and EM per category and overall of {', '.join(main)}, with 95% bootstrap whiskers"))
     lines.append(f"![{f}]({f})")
-    compared = json.loads((run_dir / "eval" / "summary.json").read_text()).get("comparisons", {}) \
-        if (run_dir / "eval" / "summary.json").is_file() else {}
+    compared = read_comparisons(run_dir, missing)
     pairs = {}
     for i, a in enumerate(POLICIES):
         for b in POLICIES[i + 1:]:

@@ -51,18 +51,18 @@ def truncate_metrics(run_dir: Path, keep: dict[str, int]) -> int:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return 0
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().splitlines()   # bytes: a line that is not UTF-8 goes like a torn one
     kept = []
     for line in lines:
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         stage, step = (row.get("stage"), row.get("step")) if isinstance(row, dict) else (None, None)
         if stage not in keep or not isinstance(step, int) or step <= keep[stage]:
             kept.append(line)
     if len(kept) < len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
         os.replace(tmp, path)
     return len(lines) - len(kept)

@@ -87,7 +87,7 @@ def profile_section(cfg: dict, stages: dict, traces: list[Path], summary: dict, 
     for t in traces:
         try:
             s = summarize_trace(t)
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # any JSON at all
             missing.append(f"profile/{t.parent.name}/{t.name}: unreadable ({type(e).__name__})")
             continue
         summary["profile"].append(s)

@@ -6,7 +6,10 @@ training and evaluation share.
 """
 import re
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 DISTILL_SYSTEM = """You answer questions about two people from memories of their past conversations; each
 memory has the date of the conversation it came from. First, under "Relevant memories:", copy the few
@@ -27,17 +30,12 @@ the question, reply "Answer: none"."""
 class AnswerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The answer agent's task settings, the same in training rollouts, as stage 1's frozen answerer
     and in evaluation."""
-    top_k_per_speaker: int = 30   # Memory-R1: 30 per speaker, 60 in all
+    top_k_per_speaker: Annotated[int, Meta(ge=1, le=1000)] = 30   # Memory-R1: 30 per speaker, 60 in all
     distill: bool = True          # False: answer directly without selecting memories (ablation)
-    max_new_tokens: int = 2048    # the completion budget of every answer call (the paper's cap)
-    max_memory_bytes: int = 512   # a memory's text is cut to this many UTF-8 bytes in the prompt, so
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 2048   # the completion budget of every answer call (the paper's cap)
+    max_memory_bytes: Annotated[int, Meta(ge=1, le=1 << 24)] = 512   # a memory's text is cut to this many UTF-8 bytes in the prompt, so
                                   # copying one memory has a known token bound (reply_bound)
-    max_answer_chars: int = 200
-
-    def __post_init__(self):
-        for name in ("top_k_per_speaker", "max_new_tokens", "max_memory_bytes", "max_answer_chars"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"answer.{name} must be >= 1, got {getattr(self, name)}")
+    max_answer_chars: Annotated[int, Meta(ge=1, le=100_000)] = 200
 
 
 TIMESTAMP_BYTES = 40      # a memory's timestamp is cut to this many bytes in the prompt
@@ -105,7 +103,9 @@ class AnswerResult(msgspec.Struct):
 # (quadratic in the reply's length).
 _ANSWER = re.compile(r"(?im)^[ \t*#>_-]*(?:final[ \t]+)?answer[ \t]*[:\uff1a][ \t]*(.*)$")
 MAX_REPLY_CHARS = 32_000   # longer model text is parsed from its tail, where the last "Answer:" is
-_SELECTED_HEADER = re.compile(r"(?i)^\s*[*#]*\s*(relevant|selected)\s+memor(y|ies)")
+# One class for the markup before the header: `\s*[*#]*\s*` splits a run of spaces between the two
+# `\s*` in every way (quadratic).
+_SELECTED_HEADER = re.compile(r"(?i)[\s*#]*(relevant|selected)\s+memor(y|ies)")
 _STRIP = " \t*_`\"'"
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import extract_json
+from memr1.rl.agents.jsonish import MAX_CHARS, extract_json
 
 EXTRACT_SYSTEM = """You take notes about the people in a conversation so they can be remembered later.
 Read ONE message and write down the lasting personal facts it reveals about the speaker or people they
@@ -28,10 +28,10 @@ Reply with JSON only: {"facts": ["...", "..."]}"""
 class ExtractConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     source: str = "model"      # model: the base model extracts each turn's facts; oracle: the synthetic
                                # timeline's facts (a perfect extractor; synthetic data only)
-    max_new_tokens: Annotated[int, Meta(ge=1)] = 512  # the completion budget of each extraction call
-    context_turns: Annotated[int, Meta(ge=0)] = 2     # preceding turns shown for references
-    max_facts: Annotated[int, Meta(ge=1)] = 8         # a runaway completion cannot flood the manager
-    max_fact_chars: Annotated[int, Meta(ge=1)] = 300
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 512  # the completion budget of each extraction call
+    context_turns: Annotated[int, Meta(ge=0, le=1000)] = 2     # preceding turns shown for references
+    max_facts: Annotated[int, Meta(ge=1, le=10_000)] = 8         # a runaway completion cannot flood the manager
+    max_fact_chars: Annotated[int, Meta(ge=1, le=100_000)] = 300
 
     def __post_init__(self):
         if self.source not in ("model", "oracle"):
@@ -61,7 +61,9 @@ class ExtractResult(msgspec.Struct):
     error: str = ""       # why JSON parsing failed (the facts may still come from the line fallback)
 
 
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.+?)\s*$")
+# A fact starts at a non-space character: with a lazy `(.+?)\s*$` instead, a long run of spaces inside a
+# line is rescanned at every extension (quadratic).
+_BULLET = re.compile(r"\s*(?:[-*\u2022]|\d+[.)])\s+(\S.*)")
 
 
 def _clean(items, cfg: ExtractConfig) -> list[str]:
@@ -87,6 +89,6 @@ def parse_facts(output, cfg: ExtractConfig = ExtractConfig()) -> ExtractResult:
         err = "JSON object has no 'facts' list"
     elif isinstance(value, list):
         return ExtractResult(_clean(value, cfg), parsed=True)
-    lines = output.splitlines() if isinstance(output, str) else []
-    bullets = [m.group(1) for line in lines if (m := _BULLET.match(line))]
+    lines = output[:MAX_CHARS].splitlines() if isinstance(output, str) else []   # the JSON parse's cut
+    bullets = [m.group(1).rstrip() for line in lines if (m := _BULLET.match(line))]
     return ExtractResult(_clean(bullets, cfg), parsed=False, error=err or "no JSON found")

@@ -9,11 +9,29 @@ import json
 import re
 import warnings
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
+_FENCE_TAG = re.compile(r"[a-zA-Z0-9_-]*\s*")   # "json\n" after the opening fence
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 _SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 MAX_CHARS = 32_000    # longer completions are cut: parsing must stay cheap inside the rollout loop
 MAX_STARTS = 8        # bracket positions tried per opener; bounds the work on bracket-heavy junk
+MAX_FENCES = 8        # code fences tried before the whole text; bounds the work on backtick runs
+
+
+def _fenced(text: str) -> list[str]:
+    """The bodies of the first MAX_FENCES non-blank ``` fences in `text`, language tag left out. Found
+    with str.find: a regex with a lazy body backtracks over the whole rest of the text at every tag
+    length (quadratic on an unclosed fence)."""
+    bodies, start = [], text.find("```")
+    while start != -1 and len(bodies) < MAX_FENCES:
+        end = text.find("```", start + 3)
+        if end == -1:
+            break
+        body = text[start + 3:end]
+        body = body[_FENCE_TAG.match(body).end():]
+        if body.strip():
+            bodies.append(body)
+        start = text.find("```", end + 3)
+    return bodies
 
 
 def _balanced_spans(text: str, opener: str):
@@ -76,7 +94,7 @@ def extract_json(text, want: type | tuple = (dict, list)):
     text = text[:MAX_CHARS].translate(_SMART_QUOTES)
     if not text.strip():
         return None, "empty output"
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    candidates = _fenced(text) + [text]
     openers = ("{", "[") if want == (dict, list) else (("{",) if want is dict else ("[",))
     last_err = "no JSON object found"
     for chunk in candidates:

@@ -10,7 +10,10 @@ A parse failure yields no ops, so the bank stays unchanged.
 import json
 import re
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 from memr1.rl.agents.jsonish import extract_json
 
@@ -48,19 +51,14 @@ def manager_system(list_unchanged: bool) -> str:
 
 class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The manager's task settings, the same in training rollouts, bank building and evaluation."""
-    top_k: int = 10                     # memories of the speaker retrieved and shown to the manager
-    turns_per_call: int = 1             # facts of up to this many consecutive turns of a speaker (one
+    top_k: Annotated[int, Meta(ge=1, le=1000)] = 10   # memories of the speaker retrieved and shown to the manager
+    turns_per_call: Annotated[int, Meta(ge=1, le=1000)] = 1   # facts of up to this many consecutive turns of a speaker (one
                                         # session) per call; training items are cut the same way
-    max_new_tokens: int = 2048          # the completion budget of every manager call (the paper's cap)
-    max_ops: int = 64                   # ops after this many are ignored (runaway completions)
+    max_new_tokens: Annotated[int, Meta(ge=1, le=65_536)] = 2048   # the completion budget of every manager call (the paper's cap)
+    max_ops: Annotated[int, Meta(ge=1, le=10_000)] = 64   # ops after this many are ignored (runaway completions)
     list_unchanged: bool = True         # the paper's output lists every shown memory (NONE included);
                                         # false: only the changes and the ADDs (a shorter reply)
-    max_text_chars: int = 500
-
-    def __post_init__(self):
-        for name in ("top_k", "turns_per_call", "max_new_tokens", "max_ops", "max_text_chars"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"manager.{name} must be >= 1, got {getattr(self, name)}")
+    max_text_chars: Annotated[int, Meta(ge=1, le=100_000)] = 500
 
 
 class ManagerPrompt(msgspec.Struct, frozen=True):

@@ -15,18 +15,18 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-
 
 class LossConfig(msgspec.Struct, frozen=True, kw_only=True):
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2   # ratio floor is 1 - clip_low
-    clip_high: Annotated[float, Meta(ge=0)] = 0.2        # ratio ceiling is 1 + clip_high ("clip-higher" when > clip_low)
-    dual_clip: Annotated[float, Meta(ge=0)] = 3.0        # bound on the loss for negative advantages; 0 turns it off
-    log_ratio_clamp: Annotated[float, Meta(gt=0)] = 20.0  # keeps exp() finite on wild log-ratios
-    is_cap: Annotated[float, Meta(ge=0)] = 2.0           # truncated importance weight behaviour -> old policy; 0 turns it off
+    clip_high: Annotated[float, Meta(ge=0, le=100)] = 0.2        # ratio ceiling is 1 + clip_high ("clip-higher" when > clip_low)
+    dual_clip: Annotated[float, Meta(ge=0, le=1000)] = 3.0        # bound on the loss for negative advantages; 0 turns it off
+    log_ratio_clamp: Annotated[float, Meta(gt=0, le=80)] = 20.0  # keeps exp() finite on wild log-ratios
+    is_cap: Annotated[float, Meta(ge=0, le=1000)] = 2.0           # truncated importance weight behaviour -> old policy; 0 turns it off
     decoupled: bool = False          # AReaL: clip around the proximal policy, drop tokens with weight > is_cap
-    kl_coef: Annotated[float, Meta(ge=0)] = 0.0   # 0 means no reference model is ever loaded
+    kl_coef: Annotated[float, Meta(ge=0, le=1000)] = 0.0   # 0 means no reference model is ever loaded
     kl_estimator: KLEstimator = "k3"
     kl_in_reward: bool = False       # subtract coef * KL from the reward instead of adding it to the loss
-    entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
+    entropy_coef: Annotated[float, Meta(ge=0, le=1000)] = 0.0
     aggregation: Aggregation = "token-mean"
-    horizon: Annotated[int, Meta(ge=0)] = 0       # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
-    value_clip: Annotated[float, Meta(ge=0)] = 0.2
+    horizon: Annotated[int, Meta(ge=0, le=1 << 24)] = 0       # constant length for seq-mean-token-sum-norm (Dr.GRPO); 0 = unset
+    value_clip: Annotated[float, Meta(ge=0, le=1000)] = 0.2
     # What one importance ratio covers: each token, or the whole call (a response's mean token
     # log-ratio, as Memory-R2's turn-level ratio and GSPO take it), so a call's tokens clip together.
     ratio_level: Literal["token", "call"] = "token"
@@ -49,7 +49,7 @@ class LossConfig(msgspec.Struct, frozen=True, kw_only=True):
 class GRPOConfig(msgspec.Struct, frozen=True, kw_only=True):
     std: Literal["unbiased", "population", "none"] = "unbiased"
     baseline: Literal["mean", "loo"] = "mean"
-    eps: Annotated[float, Meta(gt=0)] = 1e-6
+    eps: Annotated[float, Meta(gt=0, le=1)] = 1e-6
 
     def __post_init__(self):
         if self.std not in ("unbiased", "population", "none"):
@@ -70,5 +70,5 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True):
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     whiten: bool = True     # normalise advantages over the batch
-    critic_lr: Annotated[float, Meta(gt=0)] = 1e-5
-    critic_warmup: Annotated[int, Meta(ge=0)] = 0  # first steps train only the critic (the actor's update is skipped)
+    critic_lr: Annotated[float, Meta(gt=0, le=1)] = 1e-5
+    critic_warmup: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # first steps train only the critic (the actor's update is skipped)

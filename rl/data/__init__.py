@@ -5,7 +5,7 @@ as LoCoMo, LongMemEval or MSC-Self-Instruct, told apart by the file's contents.
 """
 from pathlib import Path
 
-from memr1.rl.data.locomo import Conversation, DataError, load_locomo, parse_json
+from memr1.rl.data.locomo import Conversation, DataError, check_unicode, load_locomo, parse_json
 
 # The key that marks a record of each format.
 MARKS = {"locomo": "sample_id", "longmemeval": "question_id", "msc": "self_instruct"}
@@ -59,4 +59,6 @@ def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None 
         else:
             from memr1.rl.data.msc import load_msc
             convs = load_msc(path)
+        for c in convs:
+            check_unicode(c, path)
     return [c for c in convs if split is None or c.split == split]

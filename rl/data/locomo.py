@@ -60,6 +60,26 @@ class Conversation(msgspec.Struct, frozen=True):
         return [t for s in self.sessions for t in s.turns]
 
 
+def check_unicode(conv: Conversation, source) -> None:
+    """Every string of `conv` encodes as UTF-8. JSON can spell a lone surrogate ("\\ud800"), which
+    would fail only later, in the memory bank or a cache file's name."""
+    strings = [("sample_id", conv.sample_id), ("speaker_a", conv.speaker_a), ("speaker_b", conv.speaker_b)]
+    for s in conv.sessions:
+        strings.append((f"session_{s.index}_date_time", s.date_time))
+        strings += [(f"turn {i} of session_{s.index}: {key}", getattr(t, key))
+                    for i, t in enumerate(s.turns) for key in ("speaker", "dia_id", "text")]
+    for i, q in enumerate(conv.qa):
+        strings += [(f"qa {i}: {key}", value) for key, value in
+                    (("question", q.question), ("answer", q.answer), ("kind", q.kind), ("date", q.date))]
+        strings += [(f"qa {i}: evidence", e) for e in q.evidence]
+    for what, value in strings:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"{source}: conversation {ascii(conv.sample_id)}: {what} is not valid Unicode "
+                            f"(a lone surrogate)") from None
+
+
 def split_of(sample_id: str) -> str:
     return MEMORY_R1_SPLIT.get(sample_id, "test")
 
@@ -145,9 +165,11 @@ def parse_conversation(raw: dict, where: str = "conversation") -> Conversation:
     split = raw.get("memr1_split", split_of(sample_id))
     if split not in SPLITS:
         raise DataError(f"{where}: memr1_split {split!r} is not one of {SPLITS}")
+    from memr1.rl.data.oracle import check_oracle
+    oracle = check_oracle(raw.get("memr1_oracle"), {t.dia_id for s in sessions for t in s.turns}, where)
     return Conversation(sample_id=sample_id, speaker_a=_need(conv, "speaker_a", str, where),
                         speaker_b=_need(conv, "speaker_b", str, where), sessions=sessions, qa=qa,
-                        split=split, oracle=raw.get("memr1_oracle"))
+                        split=split, oracle=oracle)
 
 
 def parse_locomo(raw, source: str = "<memory>") -> list[Conversation]:
@@ -174,7 +196,7 @@ def parse_json(data: bytes | str, source) -> object:
     """JSON text -> a value, or a DataError naming `source` (also for nesting too deep to parse)."""
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError, an integer of 5,000 digits
         raise DataError(f"{source}: not valid JSON ({e})") from None
     except RecursionError:
         raise DataError(f"{source}: not valid JSON (nested too deeply)") from None
