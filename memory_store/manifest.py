@@ -28,7 +28,9 @@ def read_manifest(path: Path) -> Manifest:
     try:
         if not path.exists():
             raise BankError(f"no bank at {path}: the path does not exist")
-        if not file.is_file() or file.is_symlink():
+        if file.is_symlink():
+            raise BankFormatError(f"{file} is a symlink; a bank's MANIFEST.json must be a regular file")
+        if not file.is_file():
             raise BankFormatError(f"{path} is not a memr1 bank: it has no MANIFEST.json file")
         data = read_regular(file)
     except OSError as e:

@@ -1,8 +1,10 @@
 """The bank's files: a damaged MANIFEST.json or last op-log record is an error, never a silently
 different bank; nothing is written through a symlink under the bank folder; a FIFO is refused, not
 waited on; a bad path is a BankError."""
+import errno
 import json
 import os
+import pathlib
 import re
 import signal
 import warnings
@@ -201,3 +203,12 @@ def test_log_ops_from_before_the_bounds_still_replay(tmp_path):
     with pytest.raises(InvalidInput, match="outside"):
         bank.apply(Add("m", big, "A"))
     bank.close()
+
+
+def test_read_only_file_system_is_a_bank_io_error(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
+    with pytest.raises(BankIOError, match="Read-only file system") as err:
+        MemoryBank.create(tmp_path / "b", dim=DIM)
+    assert err.value.errno == errno.EROFS

@@ -151,7 +151,7 @@ def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(tiny_model, tmp_path
         assert fits and "not checked (planned for CUDA" in text   # planning a GPU run from here works
         text, fits = plan_text(gpu, dry_run=False)
         assert not fits and "no CUDA device" in text             # running it here does not
-    huge = ["generator.max_model_len=200000000"]
+    huge = ["generator.max_model_len=1048576", "learner.micro_batch_tokens=16777216"]  # the largest allowed
     text, fits = plan_text(load_config(None, overrides(tiny_model, tmp_path, 1) + huge))
     assert not fits and "DOES NOT FIT" in text
 
