@@ -37,8 +37,8 @@ def _child_attempts(bank, path, results):
     try:
         bank.apply(Noop())
         got.append("wrote")
-    except ReadOnlyBank as e:
-        got.append("refused" if "forked" in str(e) else str(e))
+    except ReadOnlyBank as e:  # the Python handle refuses first, naming both processes (os.register_at_fork)
+        got.append("refused" if f"(pid {os.getpid()}) was forked" in str(e) else str(e))
     try:
         MemoryBank.open(path, "rw").close()
         got.append("opened")
