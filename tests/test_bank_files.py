@@ -80,12 +80,16 @@ def last_frame(log) -> tuple[int, int]:
     return last
 
 
-def test_every_single_bit_flip_of_the_last_log_record_is_reported(tmp_path):
+def bank_with_its_last_record(tmp_path):
+    """A written bank's folder, its op log's path and bytes, and (offset, length) of its last record."""
     path = tmp_path / "b"
     write_bank(path)
     log = path / "log-0.oplog"
-    data = log.read_bytes()
-    off, n = last_frame(log)
+    return path, log, log.read_bytes(), last_frame(log)
+
+
+def test_every_single_bit_flip_of_the_last_log_record_is_reported(tmp_path):
+    path, log, data, (off, n) = bank_with_its_last_record(tmp_path)
     silent = []
     for bit in range(off * 8, (off + 8 + n) * 8):
         flipped = bytearray(data)
@@ -103,11 +107,7 @@ def test_every_single_bit_flip_of_the_last_log_record_is_reported(tmp_path):
 
 
 def test_torn_and_uncommitted_last_records(tmp_path):
-    path = tmp_path / "b"
-    write_bank(path)
-    log = path / "log-0.oplog"
-    data = log.read_bytes()
-    off, n = last_frame(log)
+    path, log, data, (off, n) = bank_with_its_last_record(tmp_path)
     # An append killed before its header was stored committed nothing: dropped without a word.
     uncommitted = bytearray(data)
     uncommitted[off:off + 8] = bytes(8)
