@@ -27,13 +27,13 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, InvalidInput, ReadOnlyBank, UnknownMemoryId
+from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, InvalidInput, UnknownMemoryId
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
 from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
 from memr1.memory_store.storage import (as_path, leased, lock, new_folder, next_generation, open_generation,
                                         read_manifest, remove_stale, unlock, write_generation)
-from memr1.memory_store.writers import writers
+from memr1.memory_store.writers import write_refusal, writers
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
 
@@ -126,8 +126,7 @@ class MemoryBank:
     def apply(self, op: Add | Update | Delete | Noop) -> int | None:
         """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
         with self._write:
-            if self.read_only or self._closed or self._batching:
-                self._refuse_write()
+            self._check_writable()
             core, t = self._core, type(op)
             if t is Add:
                 out = core.add(self._log, op.text, op.speaker, op.timestamp, op.vector, op.sources)
@@ -149,8 +148,7 @@ class MemoryBank:
     def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
         """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
         with self._write:
-            if self.read_only or self._closed or self._batching:
-                self._refuse_write()
+            self._check_writable()
             ops = iter_ops(ops)
             child = MemoryBank(self._core.fork(), self.config, self._segment)
             buffer = _core.BatchBuffer() if self._log is not None else None
@@ -183,17 +181,9 @@ class MemoryBank:
             self._compact_at = 2 * self._core.dirty
             warnings.warn(f"automatic compaction of bank {self.path} failed: {e}", RuntimeWarning, stacklevel=3)
 
-    def _refuse_write(self):
-        if self._batching:
-            raise BankError(f"bank {self.path}: a write from inside its own apply_batch (the ops iterable "
-                            f"wrote to the bank); write after apply_batch returns")
-        if self._closed:
-            raise BankError(f"bank {self.path} is closed")
-        if self._forked_from is not None:
-            raise ReadOnlyBank(f"bank {self.path} was opened for writing by pid {self._forked_from}; this process "
-                               f"(pid {os.getpid()}) was forked from it and may only read this handle: open the "
-                               f"bank again here to write")
-        raise ReadOnlyBank(f"bank {self.path} was opened read-only (mode='r'); open it with mode='rw' to write")
+    def _check_writable(self) -> None:
+        if self.read_only or self._closed or self._batching:
+            raise write_refusal(self)
 
     # ---- reads ----
     def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
@@ -242,8 +232,7 @@ class MemoryBank:
         """Fold the delta into a new base (the one O(n) step). Ids stay the same. Searches running in
         other threads meanwhile see the old state; the new one replaces it whole."""
         with self._write:
-            if self.read_only or self._closed or self._batching:
-                self._refuse_write()
+            self._check_writable()
             core = self._core
             memories, vectors = [Memory(*row) for row in core.live()], core.live_vectors()
             manifest = Manifest(FORMAT, VERSION, self.config, (self._manifest.generation + 1) if self._manifest else 1,
@@ -275,7 +264,7 @@ class MemoryBank:
             if self._closed:
                 return
             if self._batching:
-                self._refuse_write()
+                raise write_refusal(self)
             self._closed = True
             writers.discard(self)
             try:

@@ -10,6 +10,8 @@ import os
 import threading
 import weakref
 
+from memr1.memory_store.errors import BankError, ReadOnlyBank
+
 writers = weakref.WeakSet()  # MemoryBank objects holding the writer lock
 
 
@@ -26,3 +28,17 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def write_refusal(bank) -> BankError:
+    """Why `bank` may not be written now, as the error to raise."""
+    if bank._batching:
+        return BankError(f"bank {bank.path}: a write from inside its own apply_batch (the ops iterable wrote "
+                         f"to the bank); write after apply_batch returns")
+    if bank._closed:
+        return BankError(f"bank {bank.path} is closed")
+    if bank._forked_from is not None:
+        return ReadOnlyBank(f"bank {bank.path} was opened for writing by pid {bank._forked_from}; this process "
+                            f"(pid {os.getpid()}) was forked from it and may only read this handle: open the "
+                            f"bank again here to write")
+    return ReadOnlyBank(f"bank {bank.path} was opened read-only (mode='r'); open it with mode='rw' to write")
