@@ -37,6 +37,11 @@ struct IoError : std::runtime_error {  // the file system refused: ENOSPC, EIO, 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 // (size, CRC32C) of a whole file, read with pread so a damaged or shrinking file is an error, not a SIGBUS.
 std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path);
+// files.cpp: `what path: strerror(err)`; a regular file opened without following a symlink or waiting on
+// a FIFO (LogFormat when missing or not regular, IoError otherwise); up to `want` bytes from offset 0.
+std::string os_error(const std::string& what, const std::string& path, int err);
+int open_file(const std::string& path, int flags, const char* what);
+std::vector<uint8_t> read_all(int fd, uint64_t want, const std::string& path);
 
 // ---- records ----
 // A memory's source turns: the dialogue turn ids (e.g. "D3:7") its ADD and UPDATEs came from, in order,
