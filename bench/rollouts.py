@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                      "rollouts_per_s_runs": [r["rollouts_per_s"] for r in runs[g]]})
     print_table(rows, ["group_size", "completions", "rollouts_per_s", "generated_tokens_per_s", "outside_generation",
                        *(f"{s}_share" for s in SHARES), "bank_reward_share", "parse_failure", "setup_s"])
-    top = rows[-1]
+    top = max(rows, key=lambda r: r["group_size"])
     write_json(args.json, "rollouts", rows, settings={"groups": groups, "items": items, "repeats": repeats,
                                                       "order": order, "checkpoint": checkpoint, "quick": args.quick},
                headline={"bank_reward_share_at_largest_group": top["bank_reward_share"],
