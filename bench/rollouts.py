@@ -15,8 +15,8 @@ set-up (engines, items, banks) is a column of its own. Phases, as shares of that
 `outside_generation` is 1 - (generate + frozen) / wall. A base model whose replies mostly fail to parse
 applies few ops and understates the bank's share: pass the trained checkpoint of `make train`
 (runs/default, the default when it exists) and read `parse_failure` beside the shares.
---quick: the tiny random model on the HF backend, groups 2 and 4, one run each (a smoke test of the
-bench, not a measurement).
+--quick: a tiny random model (built once under the cache; --model to pass one) on the HF backend, groups 2
+and 4, one run each (a smoke test of the bench, not a measurement).
 """
 import argparse
 import json
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     p.add_argument("--groups", default=None, help="group sizes (default 8,64; --quick: 2,4)")
     p.add_argument("--items", type=int, default=None, help="items per run (default 8; --quick: 2)")
     p.add_argument("--repeats", type=int, default=None, help="runs per group size (default 3; --quick: 1)")
-    p.add_argument("--model", default=None, help="with --quick: the tiny model folder to use")
+    p.add_argument("--model", default=None, help="with --quick: a tiny model folder (default: a tiny random Llama "
+                   "built once under the cache)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     groups = [int(g) for g in (args.groups or ("2,4" if args.quick else "8,64")).split(",")]
@@ -74,8 +75,16 @@ def main(argv=None) -> int:
     extra = ["stage.manager.prompts_per_step=2"] if args.quick else []
     checkpoint = args.checkpoint or (str(ROOT / "runs" / "default") if (ROOT / "runs" / "default").is_dir() else None)
     if args.quick:
-        if not args.model:
-            p.error("--quick needs --model (a tiny HF model folder, e.g. tests/tiny_model.py's)")
+        if not args.model:  # the tests' tiny random Llama, built once under the cache
+            from memr1.bench.common import random_llama
+            from memr1.engine.generation.model import cache_root
+            model = cache_root() / "models" / "bench-rollouts-tiny"
+            if not model.is_dir():  # built aside and renamed, so an interrupted build is never used
+                model.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(dir=model.parent))
+                random_llama(tmp, layers=2, hidden=64, heads=4, kv_heads=2, ffn_mult=2, scale=8.0, max_positions=2048)
+                tmp.rename(model)
+            args.model = str(model)
         extra += [f"generator.model={args.model}", "generator.backend=hf", "generator.max_model_len=2048",
                   "embedder=hash", "data.n=3", "extract.source=oracle", "items.bank_pipeline=oracle",
                   "manager.max_new_tokens=8", "answer.max_new_tokens=4", "answer.distill=false"]
