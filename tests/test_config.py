@@ -129,7 +129,7 @@ BAD_VALUES = [
     ("stage.answer_warm.steps", "-1", "in [1, "), ("stage.manager.lr", "-1e-5", "in (0, "),
     ("manager.max_new_tokens", "-1", "in [1, "), ("answer.max_new_tokens", "0", "in [1, "),
     ("extract.max_new_tokens", "0", "in [1, "), ("extract.context_turns", "-1", "in [0, "),
-    ("rollout.temperature", "-0.5", "in [0.0, 100.0]"), ("rollout.top_p", "0", "in (0, 1]"), ("rollout.top_p", "1.5", "in (0, 1]"),
+    ("rollout.temperature", "-0.5", "in [0, 100]"), ("rollout.top_p", "0", "in (0, 1]"), ("rollout.top_p", "1.5", "in (0, 1]"),
     ("rollout.top_k", "-3", "in [-1, "), ("rollout.top_k", "0", "-1 (off) or >= 1"),
     ("manager.top_k", "-1", "in [1, "), ("manager.top_k", "0", "in [1, "), ("answer.top_k_per_speaker", "0", "in [1, "),
     ("loop.max_staleness", "-1", "in [0, "), ("loop.sync_every", "0", "in [1, "), ("loop.checkpoint_every", "-1", "in [0, "),

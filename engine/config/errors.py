@@ -71,8 +71,11 @@ def allowed_range(t) -> str | None:
     """"in (0, 1]", ">= 1", ...: the bounds a numeric field's Meta sets, or None."""
     if not isinstance(t, (mi.IntType, mi.FloatType)):
         return None
-    low = ("[", t.ge) if t.ge is not None else ("(", t.gt) if t.gt is not None else None
-    high = ("]", t.le) if t.le is not None else (")", t.lt) if t.lt is not None else None
+    # A float bound prints alike whether written 0 or 0.0: typing caches equal Annotated types, so which
+    # spelling a field's Meta carries depends on which module made it first.
+    num = (lambda v: f"{float(v):g}") if isinstance(t, mi.FloatType) else str
+    low = ("[", num(t.ge)) if t.ge is not None else ("(", num(t.gt)) if t.gt is not None else None
+    high = ("]", num(t.le)) if t.le is not None else (")", num(t.lt)) if t.lt is not None else None
     if low and high:
         return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
     if low:
