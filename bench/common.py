@@ -127,3 +127,9 @@ def random_llama(folder, *, layers: int, hidden: int, heads: int, kv_heads: int,
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(default_model_path() / name, Path(folder) / name)
     return Path(folder)
+
+
+def tiny_llama(folder, layers: int = 2, hidden: int = 64, scale: float = 8.0):
+    """The tiny random Llama of the tests and of the benches' --quick runs (2 layers, sharpened weights)."""
+    return random_llama(folder, layers=layers, hidden=hidden, heads=4, kv_heads=2, ffn_mult=2, scale=scale,
+                        max_positions=2048)

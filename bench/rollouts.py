@@ -76,13 +76,13 @@ def main(argv=None) -> int:
     checkpoint = args.checkpoint or (str(ROOT / "runs" / "default") if (ROOT / "runs" / "default").is_dir() else None)
     if args.quick:
         if not args.model:  # the tests' tiny random Llama, built once under the cache
-            from memr1.bench.common import random_llama
+            from memr1.bench.common import tiny_llama
             from memr1.engine.generation.model import cache_root
             model = cache_root() / "models" / "bench-rollouts-tiny"
             if not model.is_dir():  # built aside and renamed, so an interrupted build is never used
                 model.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(dir=model.parent))
-                random_llama(tmp, layers=2, hidden=64, heads=4, kv_heads=2, ffn_mult=2, scale=8.0, max_positions=2048)
+                tiny_llama(tmp)
                 tmp.rename(model)
             args.model = str(model)
         extra += [f"generator.model={args.model}", "generator.backend=hf", "generator.max_model_len=2048",
