@@ -103,6 +103,15 @@ def bank_stats(bank) -> dict:
             "compactions": bank.compactions}
 
 
+def compaction_cost(bank, before: tuple[int, float]) -> dict:
+    """The compactions the timed ops caused since `before` (bank.compactions, bank.compaction_seconds),
+    waited for outside the timer, and their wall time: paid inside the op that crossed the threshold
+    (background off) or by a thread beside the ops (on). The op rows' amortised mean adds it."""
+    bank.wait_for_compaction()
+    return {"compacted": bank.compactions - before[0], "compaction_s": bank.compaction_seconds - before[1],
+            "background": bank.config.auto_compact_background}
+
+
 def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int, reps: int) -> list[dict]:
     queries = scn.queries(n_queries)
     rows = []
@@ -124,7 +133,7 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
                             live=len(bank), **shape, **stats, **built))
 
     measure("fresh", list(scn.impls))
-    timed_ops, before = [], bank.compactions
+    timed_ops, before = [], (bank.compactions, bank.compaction_seconds)
     for op in scn.ops:
         scn.truth.apply(op)
         mine = as_memr1(op)
@@ -138,8 +147,7 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
                 obj.apply(op)
     shape.update(n_updates=sum(op[0] == UPDATE for op in scn.ops), n_deletes=sum(op[0] == DELETE for op in scn.ops))
     rows.append(row("memr1", "phase_ops", scn.size, timed_ops, layout=scn.layout, n_updates=shape["n_updates"],
-                    n_deletes=shape["n_deletes"], compacted=bank.compactions - before,
-                    auto_compact_at=bank.auto_compact_at))
+                    n_deletes=shape["n_deletes"], auto_compact_at=bank.auto_compact_at, **compaction_cost(bank, before)))
     measure("after_ops", list(scn.impls))
     rows += compact_rows(scn, reps)
     measure("after_compact", [impl for impl in scn.impls if impl != "usearch"])

@@ -13,7 +13,7 @@ than map it, so a writer that compacts, closes or deletes an old generation neve
 A writable bank (not a fork, not a reader) compacts itself after an op past BankConfig.auto_compact_*.
 Threads: writes take the bank's lock, so no op lands in a state that a compaction is replacing; searches
 take none and run without the GIL, reading (state, segment) as one pair: HNSW candidates always index
-the base they were found in.
+the base they were found in. Automatic compaction runs in a background thread by default (compaction.py).
 Processes: a process forked from one holding a writable bank gets a read-only copy of the handle
 (writers.py); to write, it opens the bank itself, and gets the lock once the parent has closed.
 """
@@ -26,13 +26,14 @@ from typing import Iterable, Iterator
 import msgspec
 import numpy as np
 
-from memr1.memory_store import _core
-from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, InvalidInput, UnknownMemoryId
+from memr1.memory_store import _core, compaction
+from memr1.memory_store.errors import BankError, BankFormatError, UnknownMemoryId
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
-from memr1.memory_store.records import FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, replay
+from memr1.memory_store.records import (FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, apply_op,
+                                        replay)
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
-from memr1.memory_store.storage import (as_path, leased, lock, new_folder, next_generation, open_generation,
-                                        read_manifest, remove_stale, unlock, write_generation)
+from memr1.memory_store.storage import (as_path, leased, lock, new_folder, open_generation, read_manifest, remove_stale,
+                                        unlock, write_generation)
 from memr1.memory_store.writers import write_refusal, writers
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
@@ -49,6 +50,8 @@ class MemoryBank:
         self._write, self._auto = threading.RLock(), auto_compact
         self._batching, self._owner, self._forked_from = False, os.getpid(), None
         self.compactions = 0  # by this object, automatic or not
+        self.compaction_seconds = 0.0  # their wall time, build to commit (in a thread or in the op)
+        self._job, self._failed = None, None  # a background compaction in flight (compaction.py); one that failed
         self._install(core, segment)
         if lock_fd is not None:
             writers.add(self)
@@ -127,22 +130,9 @@ class MemoryBank:
         """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
         with self._write:
             self._check_writable()
-            core, t = self._core, type(op)
-            if t is Add:
-                out = core.add(self._log, op.text, op.speaker, op.timestamp, op.vector, op.sources)
-            elif t is Update:
-                core.update(self._log, op.id, op.text, op.timestamp, op.vector, op.sources)
-                out = op.id
-            elif t is Delete:
-                core.delete(self._log, op.id)
-                out = op.id
-            elif t is Noop:
-                core.noop(self._log)
-                return None
-            else:
-                raise InvalidInput(f"not a bank operation: {t.__name__} (expected Add, Update, Delete or Noop)")
-            if core.dirty > self._compact_at:
-                self._auto_compact()
+            out = apply_op(self._core, self._sink(), op)
+            if self._core.dirty > self._compact_at:
+                compaction.auto(self)
             return out
 
     def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
@@ -151,7 +141,8 @@ class MemoryBank:
             self._check_writable()
             ops = iter_ops(ops)
             child = MemoryBank(self._core.fork(), self.config, self._segment)
-            buffer = _core.BatchBuffer() if self._log is not None else None
+            sink = self._sink()
+            buffer = _core.BatchBuffer() if sink is not None else None
             child._log = buffer
             results = []
             self._batching = True  # the ops may be a generator that writes to this bank: refused
@@ -165,25 +156,30 @@ class MemoryBank:
             finally:
                 self._batching = False
             if buffer is not None and len(buffer):
-                self._log.put_batch(buffer)
+                sink.put_batch(buffer)
             self._core, self._view = child._core, (child._core, self._segment)
             if child._core.dirty > self._compact_at:
-                self._auto_compact()
+                compaction.auto(self)
             return results
 
-    def _auto_compact(self) -> None:
-        """The op is applied and logged whatever happens here, so a compaction the disk refused (a full
-        disk: the bank keeps its generation) is a warning, and the next try waits until the dirty rows
-        have doubled."""
-        try:
-            self.compact()
-        except BankIOError as e:
-            self._compact_at = 2 * self._core.dirty
-            warnings.warn(f"automatic compaction of bank {self.path} failed: {e}", RuntimeWarning, stacklevel=3)
+    def _sink(self):
+        """Where an op's record goes: the op log, and a background compaction's recorder while one runs."""
+        return self._job.recorder if self._job is not None else self._log
+
+    def wait_for_compaction(self) -> None:
+        """Return once no background compaction of this bank is in flight (each has committed or failed;
+        one that found the bank past its threshold again has started the next)."""
+        while (job := self._job) is not None:
+            compaction.wait(job)
+            with self._write:
+                if self._job is job:
+                    self._job = None  # a job inherited by a forked process: its thread does not exist here
 
     def _check_writable(self) -> None:
         if self.read_only or self._closed or self._batching:
             raise write_refusal(self)
+        if self._failed is not None:
+            compaction.report_failure(self)
 
     # ---- reads ----
     def search(self, vector: np.ndarray, k: int = 10, speaker: str | None = None, exact: bool = False) -> SearchResult:
@@ -229,29 +225,24 @@ class MemoryBank:
         return MemoryBank(core.fork(), self.config, segment)
 
     def compact(self) -> None:
-        """Fold the delta into a new base (the one O(n) step). Ids stay the same. Searches running in
-        other threads meanwhile see the old state; the new one replaces it whole."""
-        with self._write:
-            self._check_writable()
-            core = self._core
-            memories, vectors = [Memory(*row) for row in core.live()], core.live_vectors()
-            manifest = Manifest(FORMAT, VERSION, self.config, (self._manifest.generation + 1) if self._manifest else 1,
-                                core.next_id, core.lsn, len(memories))
-            if self.path is None:
-                segment = memory_segment(vectors, memories, self.config)
-            else:  # the bank is unchanged if this raises before the new manifest is committed
-                manifest, segment, self._log = next_generation(self.path, manifest, vectors, memories, self._log)
-            self._manifest = manifest
-            self._install(state_over(self.config, segment, manifest), segment)
-            self.compactions += 1
+        """Fold the delta into a new base (the one O(n) step) now; a background compaction in flight
+        finishes first. Ids stay the same. Searches running in other threads meanwhile see the old
+        state; the new one replaces it whole."""
+        while True:
+            self.wait_for_compaction()
+            with self._write:
+                if self._job is None:  # else another thread's op started one meanwhile
+                    self._check_writable()
+                    compaction.commit(self, compaction.build(self._core.fork(), self.config, self.path, self._manifest))
+                    return
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
         path = new_folder(path, "save a bank to")
         core = self._core.fork()  # one state for both reads, whatever other threads apply meanwhile
-        memories = [Memory(*row) for row in core.live()]
-        manifest = Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories))
-        write_generation(path, manifest, core.live_vectors(), memories)
+        memories, vectors = compaction.live_rows(core)
+        write_generation(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories)), vectors,
+                         memories)
         return MemoryBank.open(path, "rw")
 
     def sync(self) -> None:
@@ -260,6 +251,8 @@ class MemoryBank:
                 self._log.sync()
 
     def close(self) -> None:
+        """A background compaction in flight commits first."""
+        self.wait_for_compaction()
         with self._write:
             if self._closed:
                 return
@@ -291,6 +284,11 @@ class MemoryBank:
         c, segment = self._view
         return {"live": c.size, "base_rows": c.base_size, "delta_rows": c.delta_len, "base_dead": c.base_dead,
                 "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(segment.indexes)}
+
+    @property
+    def compacting(self) -> bool:
+        """A background compaction is in flight (searches and ops use the current generation meanwhile)."""
+        return self._job is not None
 
     @property
     def auto_compact_at(self) -> int | None:

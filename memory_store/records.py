@@ -5,7 +5,7 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
-from memr1.memory_store.errors import BankError, CorruptLog
+from memr1.memory_store.errors import BankError, CorruptLog, InvalidInput
 
 
 class Memory(msgspec.Struct, frozen=True):
@@ -96,23 +96,41 @@ LogRecord = AddRecord | UpdateRecord | DeleteRecord | NoopRecord
 _records = msgspec.msgpack.Decoder(LogRecord)
 
 
-def replay(core, payloads, where) -> None:
-    """Apply a log's records to a native state (core), unlogged."""
+def apply_op(core, sink, op: Op) -> int | None:
+    """Apply one caller's op to a native state, its record to `sink` (an op log, or None). Returns the
+    memory id (None for Noop)."""
+    t = type(op)
+    if t is Add:
+        return core.add(sink, op.text, op.speaker, op.timestamp, op.vector, op.sources)
+    if t is Update:
+        core.update(sink, op.id, op.text, op.timestamp, op.vector, op.sources)
+        return op.id
+    if t is Delete:
+        core.delete(sink, op.id)
+        return op.id
+    if t is Noop:
+        core.noop(sink)
+        return None
+    raise InvalidInput(f"not a bank operation: {t.__name__} (expected Add, Update, Delete or Noop)")
+
+
+def replay(core, payloads, where, sink=None) -> None:
+    """Apply a log's records to a native state (core); `sink` (a new generation's op log) logs them again."""
     for i, payload in enumerate(payloads):
         try:
             rec = _records.decode(payload)
             if type(rec) is AddRecord:
-                got = core.add(None, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32),
+                got = core.add(sink, rec.text, rec.speaker, rec.timestamp, np.frombuffer(rec.vector, np.float32),
                                rec.sources, replay=True)
                 if got != rec.id:
                     raise BankError(f"add record carries id {rec.id} but replay assigned {got}")
             elif type(rec) is UpdateRecord:
-                core.update(None, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32), rec.sources,
+                core.update(sink, rec.id, rec.text, rec.timestamp, np.frombuffer(rec.vector, np.float32), rec.sources,
                             replay=True)
             elif type(rec) is DeleteRecord:
-                core.delete(None, rec.id)
+                core.delete(sink, rec.id)
             else:
-                core.noop(None)
+                core.noop(sink)
         except (msgspec.DecodeError, BankError) as e:
             raise CorruptLog(f"op log record {i} of {where} cannot be replayed: {e}", -1) from e
 
@@ -145,6 +163,10 @@ class BankConfig(msgspec.Struct, frozen=True):
     # bench.memory_ops measures both: search_vs_dirty rows, and ops that compact (phase_ops, op rows).
     auto_compact_ratio: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.02
     auto_compact_min_rows: Annotated[int, Meta(ge=1)] = 2_048
+    # True: the op that crosses the threshold starts the compaction in a background thread and returns;
+    # ops and searches use the old generation until the new one is committed (compaction.py).
+    # False: that op compacts before it returns (seconds at 1e5 rows).
+    auto_compact_background: bool = True
 
 
 class Manifest(msgspec.Struct):

@@ -33,6 +33,7 @@ from memr1.memory_store.errors import BankFormatError, BankIOError
 from memr1.memory_store.records import BankConfig, Memory
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
+_encoder = msgspec.msgpack.Encoder()
 
 
 class SearchResult(NamedTuple):
@@ -125,6 +126,19 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
+def encode_memories(memories: list[Memory], rows_per_call: int = 8192) -> bytes:
+    """msgspec's msgpack encoding of `memories` (a list), built from slices so that a background
+    compaction holds the GIL for one slice at a time: the array header, then each slice's elements."""
+    n = len(memories)
+    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
+    parts = [head]
+    for start in range(0, n, rows_per_call):
+        part = _encoder.encode(memories[start:start + rows_per_call])
+        m = min(rows_per_call, n - start)
+        parts.append(part[1 if m < 16 else 3 if m < 1 << 16 else 5:])  # without the slice's own header
+    return b"".join(parts)
+
+
 def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
                   config: BankConfig) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index and
@@ -135,7 +149,7 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
     with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
         f.write(vectors.data)
-    (tmp / "records.msgpack").write_bytes(msgspec.msgpack.encode(memories))
+    (tmp / "records.msgpack").write_bytes(encode_memories(memories))
     indexes = build_indexes(vectors, memories, config)
     speakers = sorted(indexes)
     for i, speaker in enumerate(speakers):
@@ -169,8 +183,9 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
-                 files: dict[str, tuple[int, int]] | None) -> Segment:
-    """Open a committed segment. `files` None: a version-1 bank, whose segments carry no checksums."""
+                 files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None) -> Segment:
+    """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `memories`:
+    its rows as the caller just wrote them (compaction), which are then not decoded again."""
     path = folder / "records.msgpack"
     try:
         for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
@@ -180,7 +195,8 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
         if files is not None:
             verify_segment(folder, files, speakers_indexed)
         path = folder / "records.msgpack"
-        memories = _memories.decode(read_regular(path))
+        if memories is None:
+            memories = _memories.decode(read_regular(path))
         path = folder / "vectors.f32"
         if len(memories) != base_rows:
             raise BankFormatError(f"{folder}/records.msgpack holds {len(memories)} rows, the manifest says {base_rows}")

@@ -61,45 +61,57 @@ def _remove(entry: Path) -> None:
 def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
     """Write base-<gen>/, an empty log-<gen>.oplog and the manifest that commits them. On failure (a
     full disk) nothing is committed and this call's files are removed, so the bank keeps its old state."""
+    manifest = prepare_generation(path, manifest, vectors, memories)
+    commit_generation(path, manifest)
+    return manifest
+
+
+def prepare_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
+    """Write base-<gen>/ and an empty log-<gen>.oplog, not committed yet; returns the manifest that
+    commits them (with the segment's files). On failure this call's files are removed (BankIOError)."""
     gen = manifest.generation
-    folder, log, tmp = path / f"base-{gen}", path / f"log-{gen}.oplog", path / "MANIFEST.json.tmp"
     try:
-        speakers, files = write_segment(folder, vectors, memories, manifest.config)
+        speakers, files = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
+        log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)
-        manifest = msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files)
-        write_manifest(path, manifest)
     except Exception as e:
-        for leftover in (folder.with_name(folder.name + ".tmp"), folder, log, tmp):
-            _remove(leftover)
+        discard_generation(path, gen)
         if not isinstance(e, OSError):  # BankIOError is one
             raise
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
+    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files)
+
+
+def commit_generation(path: Path, manifest: Manifest) -> None:
+    """The commit point: the manifest naming a prepared generation, renamed into place and synced. On a
+    failure before the rename the generation's files are removed and the bank is unchanged."""
+    try:
+        write_manifest(path, manifest)
+    except OSError as e:
+        discard_generation(path, manifest.generation)
+        raise BankIOError(f"bank {path}: cannot commit generation {manifest.generation}: {e.strerror or e}; "
+                          f"the bank is unchanged", e.errno or 0) from None
     try:
         fsync_path(path)
     except OSError as e:
         raise BankIOError(f"bank {path}: cannot sync its folder: {e.strerror}", e.errno or 0) from None
-    return manifest
 
 
-def next_generation(path: Path, manifest: Manifest, vectors, memories, old_log) -> tuple:
-    """Compaction on disk: commit the next generation, then close the old log and open the new segment and
-    log. Returns (manifest, segment, log)."""
-    manifest = write_generation(path, manifest, vectors, memories)
-    try:
-        old_log.close()
-    except BankIOError:
-        pass  # the old log's final sync failed, but the new generation already holds every op
-    remove_stale(path, manifest.generation)
-    return (manifest, *open_generation(path, manifest, manifest.config, True))
+def discard_generation(path: Path, gen: int) -> None:
+    """Remove an uncommitted generation's files."""
+    for leftover in (path / f"base-{gen}.tmp", path / f"base-{gen}", path / f"log-{gen}.oplog",
+                     path / "MANIFEST.json.tmp"):
+        _remove(leftover)
 
 
-def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool) -> tuple:
-    """The manifest's generation: (segment, op log). `config` is the manifest's, or it with another fsync."""
+def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool, memories=None) -> tuple:
+    """The manifest's generation: (segment, op log). `config` is the manifest's, or it with another fsync;
+    `memories`: the segment's rows when the caller just wrote them (not read back)."""
     gen = manifest.generation
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                           manifest.files if manifest.version >= 2 else None)
+                           manifest.files if manifest.version >= 2 else None, memories)
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 

@@ -21,36 +21,45 @@ def dirty(bank):
     return s["delta_rows"] + s["base_dead"]
 
 
-def test_triggers_past_the_floor_and_not_before():
-    bank = MemoryBank.create(None, dim=DIM, auto_compact_min_rows=100, auto_compact_ratio=0.5)
+@pytest.mark.parametrize("background", [False, True])
+def test_triggers_past_the_floor_and_not_before(background):
+    bank = MemoryBank.create(None, dim=DIM, auto_compact_min_rows=100, auto_compact_ratio=0.5,
+                             auto_compact_background=background)
     v = vecs(300)
     assert bank.auto_compact_at == 100  # no base yet: the floor
     for i in range(100):
         bank.apply(Add(f"m{i}", v[i], "A"))
+    bank.wait_for_compaction()
     assert bank.compactions == 0 and dirty(bank) == 100
     bank.apply(Add("one more", v[100], "A"))
+    bank.wait_for_compaction()
     assert bank.compactions == 1
     assert bank.stats()["base_rows"] == 101 and dirty(bank) == 0
     assert bank.auto_compact_at == 100  # 0.5 x 101 is under the floor
 
 
-def test_triggers_past_the_ratio_of_the_base_and_not_before(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_triggers_past_the_ratio_of_the_base_and_not_before(tmp_path, background):
     n = 1000
     bank = MemoryBank.from_arrays(tmp_path / "b", vecs(n), [f"m{i}" for i in range(n)], ["A"] * n, ["t"] * n,
-                                  auto_compact_min_rows=100, auto_compact_ratio=0.5)
+                                  auto_compact_min_rows=100, auto_compact_ratio=0.5, auto_compact_background=background)
     assert bank.auto_compact_at == 500
     v = vecs(400, seed=1)
     for i in range(250):  # an update of a base row: one delta row and one dead base row
         bank.apply(Update(i, f"u{i}", v[i]))
     bank.apply(Noop())
+    bank.wait_for_compaction()
     assert dirty(bank) == 500 and bank.compactions == 0
     bank.apply(Delete(999))
+    bank.wait_for_compaction()
     assert bank.compactions == 1 and dirty(bank) == 0 and bank.stats()["base_rows"] == n - 1
     assert bank.auto_compact_at == 499
     # apply_batch checks once, after the whole batch
     bank.apply_batch([Update(300 + i, "b", v[i]) for i in range(249)] + [Noop()])
+    bank.wait_for_compaction()
     assert bank.compactions == 1 and dirty(bank) == 498
     bank.apply_batch([Delete(600), Delete(601)])
+    bank.wait_for_compaction()
     assert bank.compactions == 2 and dirty(bank) == 0
     bank.close()
 
@@ -66,30 +75,38 @@ def test_ratio_zero_turns_it_off_and_readers_never_compact(tmp_path):
     assert reader.auto_compact_at is None
 
 
-def test_a_refused_compaction_warns_keeps_the_op_and_backs_off(tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_refused_compaction_warns_keeps_the_op_and_backs_off(tmp_path, monkeypatch, background):
     import errno
-    from memr1.memory_store import BankIOError, bank as bank_module
+    from memr1.memory_store import BankIOError, compaction
 
     def full_disk(*args):
         raise BankIOError("cannot write generation 1: No space left on device; the bank is unchanged", errno.ENOSPC)
-    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=20, auto_compact_ratio=0.1)
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=20, auto_compact_ratio=0.1,
+                             auto_compact_background=background)
     v = vecs(60)
     for i in range(20):
         bank.apply(Add(f"m{i}", v[i], "A"))
-    monkeypatch.setattr(bank_module, "next_generation", full_disk)
+    monkeypatch.setattr(compaction, "prepare_generation", full_disk)
     with pytest.warns(RuntimeWarning, match="No space left"):
         assert bank.apply(Add("crossing", v[20], "A")) == 20  # the op itself stands
+        if background:  # the thread's failure is reported by the next write
+            bank.wait_for_compaction()
+            bank.apply(Noop())
     assert bank.compactions == 0 and len(bank) == 21 and bank.auto_compact_at == 42
+    assert not any(p.name.startswith(("base-1", "log-1")) for p in (tmp_path / "b").iterdir())
     monkeypatch.undo()
     for i in range(21, 42):
         bank.apply(Add(f"m{i}", v[i], "A"))
+    bank.wait_for_compaction()
     assert bank.compactions == 0
     bank.apply(Add("past the doubled threshold", v[42], "A"))
+    bank.wait_for_compaction()
     assert bank.compactions == 1 and bank.auto_compact_at == 20
     bank.close()
-    assert_same(MemoryBank.open(tmp_path / "b", "r"), model_after(
-        [Add(f"m{i}", v[i], "A") for i in range(20)] + [Add("crossing", v[20], "A")] +
-        [Add(f"m{i}", v[i], "A") for i in range(21, 42)] + [Add("past the doubled threshold", v[42], "A")], 43))
+    ops = ([Add(f"m{i}", v[i], "A") for i in range(20)] + [Add("crossing", v[20], "A")] + [Noop()] * background +
+           [Add(f"m{i}", v[i], "A") for i in range(21, 42)] + [Add("past the doubled threshold", v[42], "A")])
+    assert_same(MemoryBank.open(tmp_path / "b", "r"), model_after(ops, len(ops)))
 
 
 def test_a_fork_never_compacts():
@@ -108,11 +125,13 @@ def test_a_fork_never_compacts():
     assert fork.compactions == 1 and len(fork) == 200
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("hnsw", [False, True])
-def test_search_matches_brute_force_across_auto_compactions(tmp_path, hnsw):
+def test_search_matches_brute_force_across_auto_compactions(tmp_path, hnsw, background):
+    """In the background mode the checks also run while compactions are in flight."""
     ops = op_stream(3, 1500)
     bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=60, auto_compact_ratio=0.2,
-                             hnsw_threshold=50 if hnsw else 10**6, fsync="never")
+                             hnsw_threshold=50 if hnsw else 10**6, fsync="never", auto_compact_background=background)
     model, queries, graphs = ModelBank(), vecs(8, seed=9), 0
     found, top10, asked = 0, 0, 0
     for i, op in enumerate(ops):
@@ -120,6 +139,7 @@ def test_search_matches_brute_force_across_auto_compactions(tmp_path, hnsw):
         model.apply(op)
         if i % 150 == 149:
             assert_same(bank, model, queries)  # exact search against the model's float64 ranking
+            bank.wait_for_compaction()
             if bank.stats()["hnsw_speakers"]:
                 graphs += 1
                 for q in queries:  # the graph's top-10 against the true top-10
@@ -135,10 +155,17 @@ def test_search_matches_brute_force_across_auto_compactions(tmp_path, hnsw):
     bank.close()
 
 
-def test_reopen_after_auto_compactions_sees_every_op(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_reopen_after_auto_compactions_sees_every_op(tmp_path, background):
     ops = op_stream(4, 900)
-    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=50, auto_compact_ratio=0.1)
-    for op in ops:
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_min_rows=50, auto_compact_ratio=0.1,
+                             auto_compact_background=background)
+    for i, op in enumerate(ops[:-20]):
+        bank.apply(op)
+        if i % 100 == 99:
+            bank.wait_for_compaction()
+    bank.wait_for_compaction()
+    for op in ops[-20:]:  # under the threshold: these stay in the log
         bank.apply(op)
     assert bank.compactions >= 3 and dirty(bank) > 0  # some ops after the last compaction, in the log
     bank.close()
@@ -152,10 +179,12 @@ def test_reopen_after_auto_compactions_sees_every_op(tmp_path):
     assert len(generations) == 1  # older generations were removed as they were replaced
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("trial", range(6))
-def test_sigkill_during_auto_compactions_recovers_a_prefix(tmp_path, trial):
+def test_sigkill_during_auto_compactions_recovers_a_prefix(tmp_path, trial, background):
     ops = op_stream(100 + trial, 3000)
     path = str(tmp_path / "bank")
-    MemoryBank.create(path, dim=DIM, hnsw_threshold=10**6, auto_compact_min_rows=60, auto_compact_ratio=0.1).close()
+    MemoryBank.create(path, dim=DIM, hnsw_threshold=10**6, auto_compact_min_rows=60, auto_compact_ratio=0.1,
+                      auto_compact_background=background).close()
     # compact_every=10**9: only automatic compactions
     kill_and_recover(path, ops, "never", 10**9, random.Random(trial).uniform(0.02, 0.3)).close()

@@ -130,6 +130,7 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
             ops = next(r for r in quick["rows"] if r["op"] == "phase_ops" and (r["layout"], r["bank_size"]) == (layout, size))
             assert ops["n"] == changed and ops["max_us"] >= ops["p99_us"] >= ops["p50_us"] > 0
             assert ops["compacted"] == after["compactions"] - phases["fresh"]["compactions"]
+            assert (ops["compaction_s"] > 0) == (ops["compacted"] > 0) and ops["amortised_us"] >= ops["mean_us"]
             # past the threshold an op compacts, so after the ops the bank is within it
             assert after["delta_rows"] + after["dead_rows"] <= after["auto_compact_at"]
             if ops["compacted"] == 0:

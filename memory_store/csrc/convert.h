@@ -1,4 +1,4 @@
-// Python -> C++ argument conversion for the bindings (module.cpp, its only includer): strict types,
+// Python -> C++ argument conversion for the bindings (module.cpp and bases.cpp): strict types,
 // nothing converted silently; a wrong argument is BadInput (InvalidInput in Python).
 #pragma once
 #include <pybind11/numpy.h>
@@ -93,5 +93,10 @@ inline Sources as_sources(py::handle h) {
   }
   return out;
 }
+
+// bases.cpp: a base's native rows from the segment's Python rows (tuples as Segment.core_rows gives
+// them), or copied from a snapshot's live records over their vectors (no Python object; no GIL needed).
+std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim);
+std::shared_ptr<Base> copy_base(const std::vector<const Record*>& recs, const float* vectors, int dim);
 
 }  // namespace memr1

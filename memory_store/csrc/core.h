@@ -167,6 +167,7 @@ class State {
   std::vector<const Record*> live() const;  // id order
 
   int dim() const { return dim_; }
+  size_t max_text_bytes() const { return max_text_; }
   int64_t size() const { return live_; }
   int64_t next_id() const { return next_id_; }
   int64_t lsn() const { return lsn_; }
@@ -236,6 +237,22 @@ class OpLog : public RecordSink {
   uint64_t fork_epoch_ = 0;
   std::vector<std::pair<uint64_t, uint32_t>> records_;  // (payload offset, length) found by scan()
   std::vector<uint8_t> copy_;                           // a reader's copy of the file; map_ points here
+};
+
+// A compaction's record of the ops applied since its snapshot: each record goes to the op log first
+// (when there is one), then is kept, so a record the log refused is never kept.
+struct Recorder : RecordSink {
+  OpLog* log = nullptr;
+  std::vector<std::string> records;
+  explicit Recorder(OpLog* to) : log(to) {}
+  void put(const std::string& rec) override {
+    if (log) log->put(rec);
+    records.push_back(rec);
+  }
+  void put_batch(const BatchBuffer& b) {
+    if (log) log->put_batch(b);
+    records.insert(records.end(), b.records.begin(), b.records.end());
+  }
 };
 
 // msgpack encoding of op records, matching the msgspec Structs in records.py (array_like, tagged).

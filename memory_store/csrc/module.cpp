@@ -37,53 +37,6 @@ py::tuple hits_to_arrays(const std::vector<Hit>& hits) {
 // Below this many multiply-adds a search keeps the GIL: handing it back can cost more than the scan.
 constexpr size_t kReleaseWork = size_t(1) << 16;
 
-std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
-  auto base = std::make_shared<Base>();
-  base->n = static_cast<int64_t>(py::len(rows));
-  if (base->n) {
-    if (vectors.dtype().kind() != 'f' || vectors.itemsize() != 4 || vectors.ndim() != 2 ||
-        vectors.shape(0) != base->n || vectors.shape(1) != dim || !(vectors.flags() & py::array::c_style))
-      throw BadInput("base vectors must be a C-contiguous float32 array of shape (rows, dim)");
-    base->vectors = static_cast<const float*>(vectors.data());
-    // The last owner may drop the base without the GIL (a search's snapshot); the deleter takes it.
-    base->keepalive = std::shared_ptr<void>(new py::object(vectors), [](void* p) {
-      py::gil_scoped_acquire gil;
-      delete static_cast<py::object*>(p);
-    });
-  }
-  base->rows.reserve(static_cast<size_t>(base->n));
-  for (int64_t i = 0; i < base->n; ++i) {
-    auto t = rows[static_cast<size_t>(i)].cast<py::tuple>();
-    auto* r = new Record();
-    r->id = t[0].cast<int64_t>();
-    r->text = t[1].cast<std::string>();
-    r->speaker = speaker_code(t[2].cast<std::string>());
-    r->timestamp = t[3].cast<std::string>();
-    r->created = t[4].cast<int64_t>();
-    r->updated = t[5].cast<int64_t>();
-    r->has_prev = !t[6].is_none();
-    if (r->has_prev) r->prev_text = t[6].cast<std::string>();
-    if (t.size() > 7) {  // segment rows carry the sources the records file holds (none before they existed)
-      Sources src = as_sources(t[7]);
-      if (!src.empty()) r->sources = std::make_shared<const Sources>(std::move(src));
-    }
-    r->base_row = i;
-    r->vec = base->vectors + i * dim;
-    base->rows.push_back(r);
-    base->speakers.push_back(r->speaker);
-  }
-  base->inv_norms.resize(static_cast<size_t>(base->n));
-  {
-    py::gil_scoped_release nogil;  // O(n * dim), on records no other thread can see yet
-    for (Record* r : base->rows) {
-      double ss = 0;
-      for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
-      r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
-      base->inv_norms[static_cast<size_t>(r->base_row)] = r->inv_norm;
-    }
-  }
-  return base;
-}
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -134,6 +87,17 @@ PYBIND11_MODULE(_core, m) {
   py::class_<BatchBuffer, RecordSink>(m, "BatchBuffer")
       .def(py::init<>())
       .def("__len__", [](const BatchBuffer& b) { return b.records.size(); });
+
+  // Records are copied out as bytes under the GIL, so a slice stays valid while ops keep arriving.
+  py::class_<Recorder, RecordSink>(m, "Recorder")
+      .def(py::init<OpLog*>(), py::arg("log"), py::keep_alive<1, 2>())
+      .def("put_batch", &Recorder::put_batch)
+      .def("records", [](const Recorder& r, size_t start) {
+        py::list out;
+        for (size_t i = start; i < r.records.size(); ++i) out.append(py::bytes(r.records[i]));
+        return out;
+      }, py::arg("start") = 0)
+      .def("__len__", [](const Recorder& r) { return r.records.size(); });
 
   py::class_<OpLog, RecordSink>(m, "OpLog")
       // Opening scans and checksums the whole log. The OpLog methods that release the GIL (open, sync,
@@ -231,11 +195,35 @@ PYBIND11_MODULE(_core, m) {
         if (!arr) throw py::error_already_set();
         return s.count_live_rows(arr.data(), static_cast<size_t>(arr.size()));
       })
-      .def("live", [](const State& s) {
+      .def("live", [](const State& s, int64_t start, int64_t stop) {  // rows [start, stop) in id order
+        auto recs = s.live();
+        const auto n = static_cast<int64_t>(recs.size());
+        stop = (stop < 0 || stop > n) ? n : stop;
         py::list out;
-        for (const Record* r : s.live()) out.append(record_tuple(r));
+        for (int64_t i = std::max<int64_t>(start, 0); i < stop; ++i) out.append(record_tuple(recs[static_cast<size_t>(i)]));
         return out;
-      })
+      }, py::arg("start") = 0, py::arg("stop") = -1)
+      // A state whose base is this one's live records over `vectors` (live_vectors()' rows, possibly a
+      // copy on disk), no delta, same next id and op count: a compaction's new state, built without the GIL.
+      .def("rebased", [](const State& s, py::array vectors) {
+        const int dim = s.dim();
+        State snap = s.fork();  // made and dropped under the GIL (reference counts)
+        if (vectors.dtype().kind() != 'f' || vectors.itemsize() != 4 || vectors.ndim() != 2 ||
+            vectors.shape(0) != snap.size() || vectors.shape(1) != dim || !(vectors.flags() & py::array::c_style))
+          throw BadInput("rebased: vectors must be a C-contiguous float32 array of shape (live rows, dim)");
+        auto keep = std::shared_ptr<void>(new py::object(vectors), [](void* p) {
+          py::gil_scoped_acquire gil;
+          delete static_cast<py::object*>(p);
+        });
+        State out(dim, snap.max_text_bytes());
+        {
+          py::gil_scoped_release nogil;
+          auto base = copy_base(snap.live(), static_cast<const float*>(vectors.data()), dim);
+          base->keepalive = std::move(keep);
+          out.set_base(std::move(base), snap.next_id(), snap.lsn());
+        }
+        return out;
+      }, py::arg("vectors"))
       .def("live_vectors", [](const State& s) {  // [n, dim] in id order, for compaction
         State snap = s.fork();  // keeps every record alive while the copy runs without the GIL
         auto recs = snap.live();

@@ -1,0 +1,165 @@
+"""Compaction: fold a bank's delta into the next base generation, in the foreground or in a thread.
+
+`build` turns a snapshot of the state (an O(1) fork) into the next generation: its base segment (on
+disk written and checksummed but not committed), a native state over it, and an empty op log.
+`commit` makes it the bank's: on disk the manifest rename is the commit point, so a crash before it
+leaves the old generation whole (its log holds every op) and a crash after it the new one.
+
+`MemoryBank.compact` builds and commits under the bank's write lock, and so does an automatic
+compaction with `BankConfig.auto_compact_background` off. With it on, the op past the threshold
+starts a `Background` job and returns: ops keep landing in the old generation (searches and forks
+use it too), and their log records are also kept (a native Recorder sink). The thread builds,
+replays the kept records onto the new state (logging them again in the new op log), then takes the
+write lock only to replay the few that arrived meanwhile and commit. No op waits for the O(n) build,
+and the thread holds the GIL in short slices: rows are read and encoded a slice at a time, and the
+native state is rebuilt without it (`State.rebased`).
+"""
+import threading
+import time
+import warnings
+from typing import NamedTuple
+
+from memr1.memory_store import _core
+from memr1.memory_store.errors import BankError, BankIOError
+from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, replay
+from memr1.memory_store.segment import Segment, memory_segment
+from memr1.memory_store.storage import (commit_generation, discard_generation, open_generation, prepare_generation,
+                                        remove_stale)
+
+ROWS_PER_SLICE = 4096  # rows turned into Python objects per GIL hold while the snapshot is copied
+
+
+class Generation(NamedTuple):
+    """A built, uncommitted generation."""
+    manifest: Manifest
+    segment: Segment
+    core: object       # a native State over `segment`
+    log: object        # its op log (None for banks in memory)
+    started: float     # time.perf_counter() when the build began
+
+
+def auto(bank) -> None:
+    """After an op past the bank's threshold (under its write lock). The op is applied and logged
+    whatever happens here, so a compaction the disk refused (the bank keeps its generation) is a
+    warning, and the next try waits until the dirty rows have doubled."""
+    if bank._job is not None and bank._job.thread.is_alive():
+        return  # one at a time: the running one replays this op (a job whose thread is gone: a forked copy)
+    if bank.config.auto_compact_background:
+        bank._job = Background(bank)
+        return
+    try:
+        commit(bank, build(bank._core.fork(), bank.config, bank.path, bank._manifest))
+    except BankIOError as e:
+        failed(bank, e)
+        report_failure(bank)
+
+
+def failed(bank, error: BaseException) -> None:
+    """Under the write lock: the bank's next write reports `error`; the next try waits for 2x the dirty rows."""
+    bank._job, bank._failed = None, error
+    bank._compact_at = 2 * bank._core.dirty
+
+
+def report_failure(bank) -> None:
+    """A failed automatic compaction, reported once: a warning when the disk refused it, else raised."""
+    e, bank._failed = bank._failed, None
+    if not isinstance(e, BankIOError):
+        raise BankError(f"automatic compaction of bank {bank.path} failed: {e!r}") from e
+    warnings.warn(f"automatic compaction of bank {bank.path} failed: {e}", RuntimeWarning, stacklevel=4)
+
+
+def live_rows(snap) -> tuple[list[Memory], object]:
+    """A state's live memories and their vectors, id order (snap: a fork nobody writes)."""
+    memories = []
+    for start in range(0, snap.size, ROWS_PER_SLICE):
+        memories += [Memory(*row) for row in snap.live(start, start + ROWS_PER_SLICE)]
+    return memories, snap.live_vectors()
+
+
+def build(snap, config: BankConfig, path, previous: Manifest | None) -> Generation:
+    """The generation after `previous` holding `snap`'s live memories (snap: a fork nobody writes)."""
+    started = time.perf_counter()
+    memories, vectors = live_rows(snap)
+    manifest = Manifest(FORMAT, VERSION, config, previous.generation + 1 if previous else 1, snap.next_id, snap.lsn,
+                        len(memories))
+    log = None
+    if path is None:
+        segment = memory_segment(vectors, memories, config)
+    else:
+        manifest = prepare_generation(path, manifest, vectors, memories)
+        try:
+            segment, log = open_generation(path, manifest, config, True, memories)
+        except BaseException:
+            discard_generation(path, manifest.generation)
+            raise
+    return Generation(manifest, segment, snap.rebased(segment.vectors), log, started)
+
+
+def discard(gen: Generation, path) -> None:
+    if gen.log is not None:
+        try:
+            gen.log.close()
+        except BankIOError:
+            pass
+    if path is not None:
+        discard_generation(path, gen.manifest.generation)
+
+
+def commit(bank, gen: Generation) -> None:
+    """Make `gen` the bank's generation (the caller holds its write lock). On failure the bank keeps its own."""
+    if bank.path is not None:
+        try:
+            gen.log.sync()  # the ops replayed into it were durable in the old log (fsync policy permitting)
+            commit_generation(bank.path, gen.manifest)
+        except BaseException:
+            discard(gen, bank.path)
+            raise
+        try:
+            bank._log.close()
+        except BankIOError:
+            pass  # the old log's final sync failed, but the new generation already holds every op
+        bank._log = gen.log
+        remove_stale(bank.path, gen.manifest.generation)
+    bank._manifest = gen.manifest
+    bank._install(gen.core, gen.segment)
+    bank.compactions += 1
+    bank.compaction_seconds += time.perf_counter() - gen.started
+
+
+class Background:
+    """One automatic compaction in a thread. Made under the bank's write lock; while it runs, the bank
+    sends its ops' records to `recorder` (which passes them on to the bank's op log)."""
+
+    def __init__(self, bank):
+        self.recorder = _core.Recorder(bank._log)
+        self.error: BaseException | None = None
+        args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest)
+        self.thread = threading.Thread(target=self._run, args=args, name="memr1-compaction")
+        self.thread.start()
+
+    def _run(self, bank, snap, config, path, previous) -> None:
+        gen = None
+        try:
+            gen = build(snap, config, path, previous)
+            del snap
+            records = self.recorder.records()
+            where = f"the ops applied during the compaction of bank {path}"
+            replay(gen.core, records, where, gen.log)
+            with bank._write:
+                replay(gen.core, self.recorder.records(len(records)), where, gen.log)
+                commit(bank, gen)
+                bank._job = None
+                if bank._core.dirty > bank._compact_at:  # ops came faster than the build: go again
+                    auto(bank)
+        except BaseException as e:  # noqa: BLE001 - handed to the bank's next op (bank.py)
+            if gen is not None:
+                discard(gen, path)
+            with bank._write:
+                self.error = e
+                failed(bank, e)
+
+
+def wait(job: Background | None) -> None:
+    """Until `job` has committed or failed (at once in a process forked while it ran: no thread there)."""
+    if job is not None and job.thread is not threading.current_thread():
+        job.thread.join()
