@@ -2,6 +2,7 @@
 from the method it names (no code copied), and the float64 references the errors are taken against."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 EPS = 1e-6
@@ -76,6 +77,53 @@ def gae_batched(r, v, m, gamma: float, lam: float):
     return adv, torch.where(m, adv + v[:, :T], 0.0)
 
 
+def _gae_step(r_t, v_t, m_t, run, nxt, gamma: float, lam: float):
+    step = r_t + gamma * nxt - v_t + gamma * lam * run
+    return torch.where(m_t, step, run), torch.where(m_t, v_t, nxt)
+
+
+_gae_step_compiled = None
+
+
+def gae_batched_compiled(r, v, m, gamma: float, lam: float):
+    """gae_batched with its loop body compiled (torch.compile fuses the step's five element-wise ops into
+    one kernel); the loop over time stays in Python, since compiling it whole unrolls T steps."""
+    global _gae_step_compiled
+    if _gae_step_compiled is None:
+        _gae_step_compiled = torch.compile(_gae_step, dynamic=False)
+    n, T = r.shape
+    rt, vt, mt = r.T.contiguous(), v.T.contiguous(), m.T.contiguous()
+    adv = torch.empty_like(rt)
+    run = torch.zeros(n, dtype=r.dtype, device=r.device)
+    nxt = vt[T].clone()
+    for t in range(T - 1, -1, -1):
+        run, nxt = _gae_step_compiled(rt[t], vt[t], mt[t], run, nxt, gamma, lam)
+        adv[t] = run
+    adv = torch.where(mt, adv, 0.0).T
+    return adv, torch.where(m, adv + v[:, :T], 0.0)
+
+
+def gae_lfilter(r, v, m, gamma: float, lam: float):
+    """GAE as a discounted sum per sequence with scipy.signal.lfilter (CPU tensors): the masked-in steps
+    of a row, their TD errors against the next masked-in value (the bootstrap column after the last),
+    filtered backwards with the pole gamma * lam. None when scipy is not installed."""
+    try:
+        from scipy.signal import lfilter
+    except ImportError:
+        return None
+    rn, vn, mn = r.numpy(), v.numpy(), m.numpy()
+    n, T = rn.shape
+    adv = np.zeros((n, T), dtype=rn.dtype)
+    for i in range(n):
+        idx = np.flatnonzero(mn[i])
+        if len(idx):
+            values = vn[i, idx]
+            delta = rn[i, idx] + gamma * np.append(values[1:], vn[i, T]) - values
+            adv[i, idx] = lfilter([1.0], [1.0, -gamma * lam], delta[::-1])[::-1]
+    adv = torch.from_numpy(adv)
+    return adv, torch.where(m, adv + v[:, :T], 0.0)
+
+
 def gae_truth(r: list, v: list, m: list, gamma: float, lam: float) -> list:
     """Scalar reference over Python floats (float64), one sequence at a time."""
     out = []
@@ -114,6 +162,21 @@ def trl_selective_log_softmax():
     except ImportError:
         return None
     return selective_log_softmax
+
+
+def trl_chunked_logprob():
+    """The chunked log-prob function TRL's GRPO trainer calls through its fused LM head
+    (trl.kernels.ChunkedLogProbFunction; torch ops per tile on CPU), or None without TRL."""
+    from memr1.bench.trl_stubs import stub_missing_trl_imports
+    stub_missing_trl_imports()
+    try:
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+    except ImportError:
+        return None
+    # Log-probs only (outputs=()), the same work as memr1's path; GRPO also asks for the entropy.
+    return lambda hidden, weight, targets: ChunkedLogProbFunction.apply(
+        hidden, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ())[0]
 
 
 def logprobs_trl(hidden, weight, targets, rows: int, fn):

@@ -14,14 +14,17 @@ over memr1's per size and case: eager over eager, compiled over compiled, verl's
 best, and verl eager and verl compiled each over memr1's faster path (above 1: memr1 is faster); the
 torch_reference_* keys give the first two ratios for the torch reference path.
 gae: memr1's default path (the C++ loop on CPU, on torch's intra-op threads; Triton on CUDA) and its
-torch reference against the loop over time vectorised over the batch (verl's form); errors against a
-scalar float64 loop.
+torch reference against the loop over time vectorised over the batch (verl's form), that loop with its
+body compiled (`batched_loop_compiled`), and on CPU scipy.signal.lfilter over each sequence's
+masked-in steps (`scipy_lfilter`, when scipy is installed); errors against a scalar float64 loop.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
-path against the naive path (log_softmax of the full logits, gather) and TRL's selective_log_softmax
-(skipped when TRL is not installed); errors of the log-probs and both gradients against float64.
-Each impl runs in a fresh process (bench/logprobs_worker.py); peak memory is the rise of the process's
-peak RSS (VmHWM) over its RSS before the first call (CUDA: max_memory_allocated over the allocation
-before).
+path against the naive path (log_softmax of the full logits, gather), TRL's selective_log_softmax over
+full logits, and TRL's chunked log-prob function, the one its GRPO trainer calls through its fused LM
+head (`trl_chunked`, log-probs only; TRL rows are skipped when TRL is not installed); errors of the
+log-probs and both gradients against float64. Each impl runs in a fresh process
+(bench/logprobs_worker.py), once per round, in a new random order each round (--logprob-rounds, 5 by
+default); rows are medians over the rounds. Peak memory is the rise of the process's peak RSS (VmHWM)
+over its RSS before the first call (CUDA: max_memory_allocated over the allocation before).
 
 Times are medians of at least 5 calls after one untimed call (CUDA: triton.testing.do_bench); on CPU
 the calls run in interleaved rounds, each in a fresh (seeded) random order, so that load from other
@@ -183,7 +186,10 @@ def bench_gae(device, quick, rows):
                              dtype=torch.float64)
         rd, vd, md = r.to(device), v.to(device), m.to(device)
         impls = {"memr1_torch": lambda: gae(rd, vd, md, 0.99, 0.95, impl="torch"),
-                 "batched_loop": lambda: base.gae_batched(rd, vd, md, 0.99, 0.95)}
+                 "batched_loop": lambda: base.gae_batched(rd, vd, md, 0.99, 0.95),
+                 "batched_loop_compiled": lambda: base.gae_batched_compiled(rd, vd, md, 0.99, 0.95)}
+        if device == "cpu" and base.gae_lfilter(r[:1], v[:1], m[:1], 0.99, 0.95) is not None:
+            impls["scipy_lfilter"] = lambda: base.gae_lfilter(rd, vd, md, 0.99, 0.95)
         if device == "cuda" and triton_available():
             impls["memr1_triton"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="triton")
         if device == "cpu" and native_available():
@@ -198,28 +204,38 @@ def bench_gae(device, quick, rows):
 
 
 # ----------------------------------------------------------------------------- logprobs
-def bench_logprobs(device, quick, rows):
-    b, t, v, h = (2, 1024, 49152, 576) if quick else (8, 1024, 49152, 576)
-    impls = ["naive", "trl_selective_log_softmax", "memr1_torch"] + (["memr1_triton"] if device == "cuda" else [])
+def bench_logprobs(device, quick, rows, rounds, shape=None):
+    """Each round runs every impl once in its own process, in a new random order; a row is the median
+    over rounds of each run's median ms (and of its peak memory). `shape`: (B, T, H, V) instead of the
+    default sizes."""
+    b, t, h, v = shape or ((2, 1024, 576, 49152) if quick else (8, 1024, 576, 49152))
+    impls = ["naive", "trl_selective_log_softmax", "trl_chunked", "memr1_torch"] + (
+        ["memr1_triton"] if device == "cuda" else [])
     hidden, weight, targets = base.logprob_inputs(b * t, h, v)
     truth = dict(zip(("lp", "gh", "gw"), base.logprobs_truth64(hidden, weight, targets)))
+    runs, order = {impl: [] for impl in impls}, random.Random(1)
     with tempfile.TemporaryDirectory() as tmp:
-        for impl in impls:
-            path = os.path.join(tmp, impl + ".pt")
-            subprocess.run([sys.executable, "-m", "memr1.bench.logprobs_worker", impl,
-                            "--threads", str(torch.get_num_threads()),
-                            "--shape", f"{b},{t},{h},{v}", "--device", device, "--out", path], check=True)
-            res = torch.load(path)
-            row = {"kernel": "logprobs", "impl": impl, "size": f"B{b}xT{t}xV{v}xH{h}", "device": device}
-            if "skipped" in res:
-                row.update(skipped=res["skipped"], ms=None, max_abs_err=None)
-            else:
-                row.update(ms=res["ms"], max_abs_err=max((res[k].double() - truth[k]).abs().max().item()
-                                                         for k in truth),
-                           peak_mb=round(res["peak_mb"], 1),
-                           peak_method="cuda max_memory_allocated" if device == "cuda" else "VmHWM - VmRSS")
-            rows.append(row)
-            print_row(row)
+        for _ in range(rounds):
+            names = list(impls)
+            order.shuffle(names)
+            for impl in names:
+                path = os.path.join(tmp, impl + ".pt")
+                subprocess.run([sys.executable, "-m", "memr1.bench.logprobs_worker", impl,
+                                "--threads", str(torch.get_num_threads()),
+                                "--shape", f"{b},{t},{h},{v}", "--device", device, "--out", path], check=True)
+                runs[impl].append(torch.load(path))
+    for impl in impls:
+        res = runs[impl]
+        row = {"kernel": "logprobs", "impl": impl, "size": f"B{b}xT{t}xV{v}xH{h}", "device": device}
+        if "skipped" in res[0]:
+            row.update(skipped=res[0]["skipped"], ms=None, max_abs_err=None)
+        else:
+            row.update(ms=statistics.median(r["ms"] for r in res), ms_runs=[round(r["ms"], 2) for r in res],
+                       max_abs_err=max((r[k].double() - truth[k]).abs().max().item() for r in res for k in truth),
+                       peak_mb=round(statistics.median(r["peak_mb"] for r in res), 1), rounds=len(res),
+                       peak_method="cuda max_memory_allocated" if device == "cuda" else "VmHWM - VmRSS")
+        rows.append(row)
+        print_row(row)
 
 
 # ----------------------------------------------------------------------------- report
@@ -259,12 +275,19 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="grpo,gae,logprobs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for this run")
+    p.add_argument("--logprob-rounds", type=int, default=None,
+                   help="rounds of log-prob worker runs, each impl once per round in a new order (default 5; --quick 1)")
+    p.add_argument("--logprob-shape", type=lambda x: tuple(int(n) for n in x.split(",")), default=None,
+                   help="B,T,H,V of the log-prob runs (default 8,1024,576,49152; --quick B=2)")
     args = p.parse_args(argv)
+    if args.logprob_rounds is None:
+        args.logprob_rounds = 1 if args.quick else 5
     if args.threads:
         torch.set_num_threads(args.threads)
     torch._logging.set_logs(dynamo=logging.ERROR)
     rows = []
-    parts = {"grpo": bench_grpo, "gae": bench_gae, "logprobs": bench_logprobs}
+    parts = {"grpo": bench_grpo, "gae": bench_gae,
+             "logprobs": lambda *a: bench_logprobs(*a, rounds=args.logprob_rounds, shape=args.logprob_shape)}
     print(HEADER)
     for name in args.only.split(","):
         parts[name](args.device, args.quick, rows)
@@ -284,6 +307,7 @@ def main(argv=None) -> int:
             "quick": args.quick, "only": args.only, "device": args.device, "threads": torch.get_num_threads(),
             "group": GROUP, "eps": base.EPS, "std": "unbiased", "min_calls": MIN_CALLS,
             "grpo_rounds": {n: grpo_rounds(n) for n in GRPO_SIZES}, "gae_gamma_lam": [0.99, 0.95],
+            "logprob_rounds": args.logprob_rounds,
             "compile": "torch.compile(dynamic=True), one for all sizes"})
     return 0
 

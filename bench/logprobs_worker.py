@@ -2,7 +2,7 @@
 
     python -m memr1.bench.logprobs_worker IMPL --shape B,T,H,V --device cpu|cuda --threads N --out PATH
 
-IMPL: naive, trl_selective_log_softmax, memr1_torch or memr1_triton. It times forward + backward of
+IMPL: naive, trl_selective_log_softmax, trl_chunked, memr1_torch or memr1_triton. It times forward + backward of
 sum(log-probs) of a [B*T, H] x [V, H] head: the peak memory of the first call (CPU: the rise of VmHWM
 over VmRSS before it; CUDA: max_memory_allocated over the allocation before), then the median of
 bench.kernels.MIN_CALLS more, and saves {lp, gh, gw, peak_mb, ms} (or {skipped}) to PATH with
@@ -25,12 +25,15 @@ def run(impl, rows, m, h, v, device, out_path):
     hidden, weight, targets = base.logprob_inputs(m, h, v, device)
     hidden.requires_grad_()
     weight.requires_grad_()
-    if impl == "trl_selective_log_softmax":
-        fn = base.trl_selective_log_softmax()
+    if impl.startswith("trl_"):
+        fn = base.trl_selective_log_softmax() if impl == "trl_selective_log_softmax" else base.trl_chunked_logprob()
         if fn is None:
             torch.save({"skipped": "trl is not installed"}, out_path)
             return
-        forward = lambda: base.logprobs_trl(hidden, weight, targets, rows, fn)  # noqa: E731
+        if impl == "trl_selective_log_softmax":
+            forward = lambda: base.logprobs_trl(hidden, weight, targets, rows, fn)  # noqa: E731
+        else:
+            forward = lambda: fn(hidden, weight, targets)  # noqa: E731
     elif impl == "naive":
         forward = lambda: base.logprobs_naive(hidden, weight, targets)  # noqa: E731
     else:

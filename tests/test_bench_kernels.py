@@ -28,9 +28,12 @@ def test_gae_batched_matches_the_scalar_loop_with_masked_gaps():
     r, v = torch.randn(n, T, generator=g, dtype=torch.float64), torch.randn(n, T + 1, generator=g, dtype=torch.float64)
     m = torch.rand(n, T, generator=g) < 0.7
     truth = torch.tensor(base.gae_truth(r.tolist(), v.tolist(), m.tolist(), 0.9, 0.8), dtype=torch.float64)
-    adv, ret = base.gae_batched(r, v, m, 0.9, 0.8)
-    assert (adv - truth).abs().max() < 1e-12
-    assert (ret - torch.where(m, truth + v[:, :T], 0.0)).abs().max() < 1e-12
+    m[2] = False  # a row with nothing to score
+    truth = torch.tensor(base.gae_truth(r.tolist(), v.tolist(), m.tolist(), 0.9, 0.8), dtype=torch.float64)
+    for fn in (base.gae_batched, base.gae_batched_compiled, base.gae_lfilter):
+        adv, ret = fn(r, v, m, 0.9, 0.8)
+        assert (adv - truth).abs().max() < 1e-12, fn.__name__
+        assert (ret - torch.where(m, truth + v[:, :T], 0.0)).abs().max() < 1e-12, fn.__name__
 
 
 def test_logprob_paths_and_float64_reference_agree_with_autograd():
@@ -45,14 +48,21 @@ def test_logprob_paths_and_float64_reference_agree_with_autograd():
     fn = base.trl_selective_log_softmax()
     if fn is not None:
         assert (base.logprobs_trl(hidden, weight, targets, 3, fn).double() - lp64).abs().max() < 1e-5
+    chunked = base.trl_chunked_logprob()
+    if chunked is not None:
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = chunked(h, w, targets)
+        out.sum().backward()
+        assert (out.double() - lp64).abs().max() < 1e-5
+        assert (h.grad.double() - gh).abs().max() < 1e-5 and (w.grad.double() - gw).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("impl", ["naive", "trl_selective_log_softmax", "memr1_torch"])
+@pytest.mark.parametrize("impl", ["naive", "trl_selective_log_softmax", "trl_chunked", "memr1_torch"])
 def test_logprobs_worker_saves_what_the_parent_checks(tmp_path, impl):
     out = tmp_path / "res.pt"
     assert logprobs_worker.main([impl, "--shape", "2,6,8,40", "--out", str(out)]) == 0
     res = torch.load(out)
-    if impl == "trl_selective_log_softmax" and base.trl_selective_log_softmax() is None:
+    if impl.startswith("trl_") and base.trl_selective_log_softmax() is None:
         assert res == {"skipped": "trl is not installed"}
         return
     lp64, gh, gw = base.logprobs_truth64(*base.logprob_inputs(12, 8, 40))
@@ -86,8 +96,21 @@ def test_quick_gae_run_writes_rows_and_provenance(tmp_path):
     assert main(["--quick", "--only", "gae", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     impls = {r["impl"]: r for r in data["rows"]}
-    assert set(impls) == {"memr1_torch", "batched_loop", "memr1_native"}
+    assert set(impls) == {"memr1_torch", "batched_loop", "batched_loop_compiled", "scipy_lfilter", "memr1_native"}
     assert all(r["max_abs_err"] < 1e-4 and r["ms"] > 0 for r in data["rows"])
     assert impls["memr1_native"]["ms_vs_memr1"] == 1.0  # the C++ path is the row the others are over
     assert data["machine"]["commit"] and data["machine"]["argv"] and data["machine"]["torch"]
     assert data["settings"]["min_calls"] >= 5
+
+
+@pytest.mark.slow
+def test_logprob_rows_are_medians_over_alternated_rounds(tmp_path):
+    out = tmp_path / "k.json"
+    assert main(["--only", "logprobs", "--logprob-shape", "2,6,8,40", "--logprob-rounds", "2", "--json", str(out)]) == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"naive", "trl_selective_log_softmax", "trl_chunked", "memr1_torch"}
+    for r in rows.values():
+        if r["ms"] is not None:
+            assert r["rounds"] == 2 and len(r["ms_runs"]) == 2
+            assert min(r["ms_runs"]) - 0.01 <= r["ms"] <= max(r["ms_runs"]) + 0.01  # their median
+            assert r["max_abs_err"] < 1e-5 and r["size"] == "B2xT6xV40xH8"
