@@ -10,7 +10,8 @@ HNSW search, to place hnsw_threshold).
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
 (fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
-mean. memr1 compacts on its own past its threshold (settings.bank.auto_compact_*): in a background
+mean. The overlay compacts itself at memr1's threshold too (inside its op: a new index over its live
+rows), and its fork copies only the overlay rows in use. memr1 compacts on its own past its threshold (settings.bank.auto_compact_*): in a background
 thread by default (auto_compact_background), else inside the timed op that crosses it. `compacted`
 counts the compactions the timed calls caused (waited for outside the timer), `compaction_s` their wall
 time, and `amortised_us` the mean with that time added, whoever paid it.
@@ -54,11 +55,14 @@ def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
     for kind in (ADD, UPDATE, DELETE, NOOP):
         impls = [i for i in counts if not (kind == NOOP and i == "usearch")]
         fns = {i: (lambda j, obj=scn.impls[i], seq=plan[i][kind]: obj.apply(seq[j])) for i in impls}
+        overlay = scn.impls["usearch_overlay"]
         before = (bank.compactions, bank.compaction_seconds)
+        theirs = (overlay.compactions, overlay.compaction_seconds)
         samples = alternate(fns, counts, rounds)
-        mine = {"auto_compact_at": bank.auto_compact_at, **compaction_cost(bank, before)}
-        rows += [row(i, kind, scn.size, s, layout=scn.layout, **(mine if i == "memr1" else {}))
-                 for i, s in samples.items()]
+        extra = {"memr1": {"auto_compact_at": bank.auto_compact_at, **compaction_cost(bank, before)},
+                 "usearch_overlay": {"auto_compact_at": overlay.auto_at, "compacted": overlay.compactions - theirs[0],
+                                     "compaction_s": overlay.compaction_seconds - theirs[1], "background": False}}
+        rows += [row(i, kind, scn.size, s, layout=scn.layout, **extra.get(i, {})) for i, s in samples.items()]
     forks = {"memr1": lambda _: bank.fork(), "usearch_overlay": lambda _: scn.impls["usearch_overlay"].fork(),
              "numpy_copy": lambda _: scn.impls["numpy_copy"].fork()}
     counts = {"memr1": n_ops, "usearch_overlay": n_ops, "numpy_copy": 20 if scn.size >= 100_000 else n_slow}
@@ -121,10 +125,10 @@ def summary(rows: list[dict]) -> list[str]:
                          f"saves {saved_us:.1f} us a fork: {payback}; overlay / memr1_compacted = "
                          f"{roll[('fork_rollout', 'usearch_overlay', r['bank_size'], r['group'])] / r['p50_us']:.2f}x")
     for r in rows:
-        if r["impl"] == "memr1" and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
+        if r["impl"] in ("memr1", "usearch_overlay") and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
             cost = (f", amortised {r['amortised_us']:.2f} us ({r['compacted']} {where(r)} compaction(s), "
                     f"{r['compaction_s']:.2f} s)") if "compaction_s" in r else ""
-            lines.append(f"memr1 {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, max "
+            lines.append(f"{r['impl']} {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, p99 {r['p99_us']:.2f} us, max "
                          f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us{cost}")
         if r["op"] == "search_threads" and r["threads"] > 1:
             lines.append(f"{r['impl']} {r['layout']} search, {r['threads']} threads: {r['scaling']:.2f}x one "

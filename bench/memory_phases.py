@@ -55,7 +55,8 @@ class Scenario:
         shared = Index.restore(str(graph), view=True) if graph else hnsw_index(config, ids, self.vectors)
         shared.expansion_search = config.hnsw_expansion_search  # as the bank sets it on its own view
         self.build_s["usearch_overlay"] = time.perf_counter() - t
-        self.impls = {"memr1": bank, "usearch_overlay": UsearchOverlay(shared, self.vectors, ids, size, oversample),
+        self.impls = {"memr1": bank, "usearch_overlay": UsearchOverlay(shared, self.vectors, ids, size, oversample,
+                                                                        config),
                       "numpy_copy": NumpyBank(self.vectors)}
         if layout == "disk":  # a mutable copy of the very same graph
             own = Index.restore(str(graph)) if graph else hnsw_index(config, ids, self.vectors)
@@ -108,8 +109,9 @@ def compaction_cost(bank, before: tuple[int, float]) -> dict:
     waited for outside the timer, and their wall time: paid inside the op that crossed the threshold
     (background off) or by a thread beside the ops (on). The op rows' amortised mean adds it."""
     bank.wait_for_compaction()
-    return {"compacted": bank.compactions - before[0], "compaction_s": bank.compaction_seconds - before[1],
-            "background": bank.config.auto_compact_background}
+    seconds, background = bank.compaction_seconds - before[1], bank.config.auto_compact_background
+    return {"compacted": bank.compactions - before[0], "compaction_s": seconds, "background": background,
+            "moved_s": seconds if background else 0.0}
 
 
 def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int, reps: int) -> list[dict]:
