@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="default", help="'default' (converted SmolLM2) or a local HF checkpoint")
     p.add_argument("--dtype", default="auto", help="the generators' GeneratorConfig.dtype")
     p.add_argument("--new-tokens", type=int, default=None, help="override every kind's token budget")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     kinds, variants = args.kinds.split(","), args.hf_variants.split(",")

@@ -17,7 +17,7 @@ def test_legs_alternate_and_rows_take_medians(monkeypatch):
         base = 1.0 + staleness + len(order) / 100   # distinct per leg, so the median picks a known value
         step = {"step_s": base, "gen_s": 2 * base, "train_s": base / 2, "sync_s": 0.1, "sync_wait_s": 0.0,
                 "idle_s": 0.2, "response_tokens": 10}
-        return [step] * (steps - 2), steps * base
+        return [step] * (steps - 1), (steps - 1) * base
 
     monkeypatch.setattr(loop_bench, "run_leg", fake_leg)
     setup = loop_bench.Setup("fake", None, None, None, {"backend": "x"})
@@ -28,6 +28,7 @@ def test_legs_alternate_and_rows_take_medians(monkeypatch):
     assert sync["legs"] == lag["legs"] == 3 and sync["steps_timed"] == lag["steps_timed"] == 9
     assert sync["step_s"] == 1.04 and lag["step_s"] == 2.03          # legs 1,4,5 and 2,3,6: the middle leg
     assert sync["gen_train_ratio"] == 4.0 and sync["backend"] == "x"
+    assert sync["wall_per_step_s"] == 1.04 and lag["wall_per_step_s"] == 2.03
 
 
 @pytest.mark.slow
@@ -47,5 +48,6 @@ def test_quick_run_rows_and_provenance(tmp_path):
         assert 0 < lo <= r["step_s"] <= hi and r["gen_s"] > 0 and r["train_s"] > 0
     assert data["rows"][0]["idle_s"] > 0  # synchronous: the learner waits for every rollout
     assert data["settings"]["order"] == [0, 1, 1, 0] and "tiny-random" in data["headline"]
+    assert data["headline"]["tiny-random"]["async_over_sync_wall_per_step"] > 0
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"]
