@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--auto-compact-ratio", type=float, default=BankConfig(dim=DIM).auto_compact_ratio,
                    help="memr1's automatic compaction threshold over its base rows (0: off)")
     p.add_argument("--auto-compact-min-rows", type=int, default=BankConfig(dim=DIM).auto_compact_min_rows)
+    p.add_argument("--auto-compact-background", choices=["on", "off"], default="on",
+                   help="memr1 compacts in a background thread (on) or inside the op past its threshold (off)")
     args = p.parse_args(argv)
     q = args.quick
     settings = {"disk_sizes": args.sizes or ([1_000, 10_000] if q else [1_000, 10_000, 100_000]),
@@ -164,7 +166,8 @@ def main(argv=None) -> int:
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "bank": msgspec.structs.asdict(BankConfig(
                     dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold,
-                    auto_compact_ratio=args.auto_compact_ratio, auto_compact_min_rows=args.auto_compact_min_rows))}
+                    auto_compact_ratio=args.auto_compact_ratio, auto_compact_min_rows=args.auto_compact_min_rows,
+                    auto_compact_background=args.auto_compact_background == "on"))}
     s = settings
     config = BankConfig(**s["bank"])
     rows = []
