@@ -58,7 +58,12 @@ def grpo_truth64(rewards, gid, group: int, eps: float = EPS):
 
 
 # ----------------------------------------------------------------------------- GAE
-def gae_batched(r, v, m, gamma: float, lam: float):
+def _gae_step(r_t, v_t, m_t, run, nxt, gamma: float, lam: float):
+    step = r_t + gamma * nxt - v_t + gamma * lam * run
+    return torch.where(m_t, step, run), torch.where(m_t, v_t, nxt)
+
+
+def gae_batched(r, v, m, gamma: float, lam: float, step=_gae_step):
     """GAE vectorised over the batch with a loop over time only, as verl's compute_gae_advantage_return
     is, on memr1's semantics: values [N, T+1] (column T bootstraps), a masked step leaves the running
     advantage and the next value untouched, outputs are 0 where the mask is 0. Time-major copies make
@@ -69,17 +74,10 @@ def gae_batched(r, v, m, gamma: float, lam: float):
     run = torch.zeros(n, dtype=r.dtype, device=r.device)
     nxt = vt[T].clone()
     for t in range(T - 1, -1, -1):
-        step = rt[t] + gamma * nxt - vt[t] + gamma * lam * run
-        run = torch.where(mt[t], step, run)
-        nxt = torch.where(mt[t], vt[t], nxt)
+        run, nxt = step(rt[t], vt[t], mt[t], run, nxt, gamma, lam)
         adv[t] = run
     adv = torch.where(mt, adv, 0.0).T
     return adv, torch.where(m, adv + v[:, :T], 0.0)
-
-
-def _gae_step(r_t, v_t, m_t, run, nxt, gamma: float, lam: float):
-    step = r_t + gamma * nxt - v_t + gamma * lam * run
-    return torch.where(m_t, step, run), torch.where(m_t, v_t, nxt)
 
 
 _gae_step_compiled = None
@@ -91,16 +89,7 @@ def gae_batched_compiled(r, v, m, gamma: float, lam: float):
     global _gae_step_compiled
     if _gae_step_compiled is None:
         _gae_step_compiled = torch.compile(_gae_step, dynamic=False)
-    n, T = r.shape
-    rt, vt, mt = r.T.contiguous(), v.T.contiguous(), m.T.contiguous()
-    adv = torch.empty_like(rt)
-    run = torch.zeros(n, dtype=r.dtype, device=r.device)
-    nxt = vt[T].clone()
-    for t in range(T - 1, -1, -1):
-        run, nxt = _gae_step_compiled(rt[t], vt[t], mt[t], run, nxt, gamma, lam)
-        adv[t] = run
-    adv = torch.where(mt, adv, 0.0).T
-    return adv, torch.where(m, adv + v[:, :T], 0.0)
+    return gae_batched(r, v, m, gamma, lam, _gae_step_compiled)
 
 
 def gae_lfilter(r, v, m, gamma: float, lam: float):

@@ -100,13 +100,19 @@ def test_ops_that_land_after_the_first_replay_are_replayed_under_the_lock(tmp_pa
     assert_same(MemoryBank.open(tmp_path / "b", "r"), model_after(applied, len(applied)), QUERIES)
 
 
-def test_close_commits_a_build_in_flight(tmp_path, gate):
-    ops = op_stream(8, 200)
-    bank = make_bank(tmp_path, "disk")
+def mid_build(tmp_path, layout, seed, gate):
+    """A bank whose 200 ops started a build held at the gate, which opens 0.2 s from now."""
+    ops = op_stream(seed, 200)
+    bank = make_bank(tmp_path, layout)
     for op in ops:
         bank.apply(op)
     assert bank.compacting
     threading.Timer(0.2, gate.set).start()
+    return bank, ops
+
+
+def test_close_commits_a_build_in_flight(tmp_path, gate):
+    bank, ops = mid_build(tmp_path, "disk", 8, gate)
     bank.close()  # waits for the build, which commits (and for the next, if the ops meanwhile were many)
     gen = bank._manifest.generation
     assert bank.compactions == gen >= 1
@@ -118,12 +124,7 @@ def test_close_commits_a_build_in_flight(tmp_path, gate):
 
 
 def test_compact_finishes_the_build_then_empties_the_delta(tmp_path, gate):
-    ops = op_stream(9, 200)
-    bank = make_bank(tmp_path, "memory")
-    for op in ops:
-        bank.apply(op)
-    assert bank.compacting
-    threading.Timer(0.2, gate.set).start()
+    bank, ops = mid_build(tmp_path, "memory", 9, gate)
     bank.compact()
     s = bank.stats()
     assert bank.compactions >= 2 and s["delta_rows"] == s["base_dead"] == 0
