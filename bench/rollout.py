@@ -182,9 +182,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="default", help="'default' (converted SmolLM2) or a local HF checkpoint")
     p.add_argument("--dtype", default="auto", help="the generators' GeneratorConfig.dtype")
     p.add_argument("--new-tokens", type=int, default=None, help="override every kind's token budget")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --quick 3)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.quick else 5)
     kinds, variants = args.kinds.split(","), args.hf_variants.split(",")
     backends = [b for b in ("vllm", "hf") if b in args.backends.split(",")]
     if bad := [v for v in variants if v not in VARIANTS] + [k for k in kinds if k not in KINDS]:
