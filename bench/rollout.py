@@ -185,7 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --quick 3)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (3 if args.quick else 5)
+    if args.rounds is None:
+        args.rounds = 3 if args.quick else 5
     kinds, variants = args.kinds.split(","), args.hf_variants.split(",")
     backends = [b for b in ("vllm", "hf") if b in args.backends.split(",")]
     if bad := [v for v in variants if v not in VARIANTS] + [k for k in kinds if k not in KINDS]:
