@@ -19,8 +19,8 @@ reward), loss (token mean, clip, no KL, no dual clip), AdamW and lr, and both tr
 activation checkpointing (default.toml trains only the top `learner.train_layers` blocks; TRL has no
 such setting). TRL's micro-batches hold as many completions as fit memr1's learner.micro_batch_tokens.
 Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each from the base weights at
-step 0. memr1 legs drop their first step (warm-up) and last (async has nothing left to overlap it with),
-TRL legs their first. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
+step 0. Both sides' legs drop their first step (warm-up) only, so an async leg's last step, which has
+nothing left to overlap, is timed too. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
 tokens_per_s = the median over steps of completion tokens / step seconds, and signal_frac: the share of
 completion tokens in groups whose rewards differ (memr1's learner trains only those unless it is the
 noskip row; TRL computes all)."""
@@ -144,7 +144,7 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str,
             else:
                 staleness, skip = MEMR1[t]
                 setup.make_learner = functools.partial(learner_for, skip)
-                steps[t] += memr1_steps(run_leg(setup, staleness, timed + 2)[0])
+                steps[t] += memr1_steps(run_leg(setup, staleness, timed + 1)[0])
             legs[t] += 1
         trl_settings = {**trl.config, "longest_prompt": trl.longest_prompt, **trl.info}
         rows = [make_row(setup, t, steps[t], legs[t], generation if t == "trl" else setup.settings["backend"],
