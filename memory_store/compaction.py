@@ -132,7 +132,6 @@ class Background:
 
     def __init__(self, bank):
         self.recorder = _core.Recorder(bank._log)
-        self.error: BaseException | None = None
         args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest)
         self.thread = threading.Thread(target=self._run, args=args, name="memr1-compaction")
         self.thread.start()
@@ -155,7 +154,6 @@ class Background:
             if gen is not None:
                 discard(gen, path)
             with bank._write:
-                self.error = e
                 failed(bank, e)
 
 

@@ -185,14 +185,15 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
                  files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None) -> Segment:
     """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `memories`:
-    its rows as the caller just wrote them (compaction), which are then not decoded again."""
+    its rows as the caller just wrote them (compaction, whose write_segment computed the checksums
+    from the same bytes), which are then neither checksummed nor decoded again."""
     path = folder / "records.msgpack"
     try:
         for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
             path = folder / name
             if not stat.S_ISREG(os.lstat(path).st_mode):
                 raise BankFormatError(f"{path} is not a regular file: the bank is damaged")
-        if files is not None:
+        if files is not None and memories is None:
             verify_segment(folder, files, speakers_indexed)
         path = folder / "records.msgpack"
         if memories is None:
