@@ -95,11 +95,8 @@ def gae_batched_compiled(r, v, m, gamma: float, lam: float):
 def gae_lfilter(r, v, m, gamma: float, lam: float):
     """GAE as a discounted sum per sequence with scipy.signal.lfilter (CPU tensors): the masked-in steps
     of a row, their TD errors against the next masked-in value (the bootstrap column after the last),
-    filtered backwards with the pole gamma * lam. None when scipy is not installed."""
-    try:
-        from scipy.signal import lfilter
-    except ImportError:
-        return None
+    filtered backwards with the pole gamma * lam."""
+    from scipy.signal import lfilter
     rn, vn, mn = r.numpy(), v.numpy(), m.numpy()
     n, T = rn.shape
     adv = np.zeros((n, T), dtype=rn.dtype)
