@@ -64,8 +64,7 @@ class UsearchOverlay:
                  config=None):
         self.index, self.base, self.base_ids, self.oversample = index, base, base_ids, oversample
         self.config, self.compactions, self.compaction_seconds = config, 0, 0.0
-        self.auto_at = (max(config.auto_compact_min_rows, int(config.auto_compact_ratio * len(base)))
-                        if config is not None and config.auto_compact_ratio > 0 else None)
+        self.auto_at = config.auto_compact_threshold(len(base)) if config is not None else None
         self.base_inv = 1.0 / np.linalg.norm(base, axis=1) if len(base) else np.empty(0, np.float32)
         self.base_row = {int(i): r for r, i in enumerate(base_ids.tolist())}
         self.next_id = next_id

@@ -107,7 +107,7 @@ def bank_stats(bank) -> dict:
 def compaction_cost(bank, before: tuple[int, float]) -> dict:
     """The compactions the timed ops caused since `before` (bank.compactions, bank.compaction_seconds),
     waited for outside the timer, and their wall time: paid inside the op that crossed the threshold
-    (background off) or by a thread beside the ops (on). The op rows' amortised mean adds it."""
+    (background off) or by a thread beside the ops (on; `moved_s`, which the amortised mean adds)."""
     bank.wait_for_compaction()
     seconds, background = bank.compaction_seconds - before[1], bank.config.auto_compact_background
     return {"compacted": bank.compactions - before[0], "compaction_s": seconds, "background": background,

@@ -58,9 +58,8 @@ class MemoryBank:
 
     def _install(self, core, segment: Segment) -> None:
         self._core, self._segment, self._view = core, segment, (core, segment)
-        c = self.config
-        self._compact_at = (max(c.auto_compact_min_rows, int(c.auto_compact_ratio * core.base_size))
-                            if self._auto and c.auto_compact_ratio > 0 else _NEVER)
+        at = self.config.auto_compact_threshold(core.base_size) if self._auto else None
+        self._compact_at = _NEVER if at is None else at
 
     # ---- construction ----
     @classmethod

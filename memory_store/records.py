@@ -168,6 +168,12 @@ class BankConfig(msgspec.Struct, frozen=True):
     # False: that op compacts before it returns (seconds at 1e5 rows).
     auto_compact_background: bool = True
 
+    def auto_compact_threshold(self, base_rows: int) -> int | None:
+        """Dirty rows past which a writable bank over `base_rows` compacts itself; None: never."""
+        if self.auto_compact_ratio <= 0:
+            return None
+        return max(self.auto_compact_min_rows, int(self.auto_compact_ratio * base_rows))
+
 
 class Manifest(msgspec.Struct):
     format: str
