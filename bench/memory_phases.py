@@ -7,7 +7,8 @@ base: memr1's compact(), a rebuilt index for the overlay, the dead rows dropped 
 as the bank has no compaction, so it has no such row). memr1 compacts on its own past its
 BankConfig.auto_compact_* threshold (`auto_compact_at` rows, `compactions` so far); `memr1_auto_off` is
 a fork of the fresh bank given the same ops, which never compacts on its own: the bank without the
-policy. Each cost is timed where it lands: search per phase, `compact` per impl and size, memr1's
+policy. memr1's fresh disk row also gives `graph_check_s`, the part of its build_s that checks every
+row is found (the usearch impls open the same checked graph, so they do not pay it). Each cost is timed where it lands: search per phase, `compact` per impl and size, memr1's
 after_ops ops one by one (`phase_ops`: p50, p99, max and mean, compactions included), the other ops in
 bench.memory_ops' op rows. `search_vs_dirty` rows time search on forks of the compacted bank against
 the rows a compaction would fold (half updates, half deletes of base rows): where the threshold sits.
@@ -27,6 +28,17 @@ from memr1.bench.memory_impls import (DELETE, UPDATE, NumpyBank, UsearchBank, Us
                                       clustered, hnsw_index, row)
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import Add, MemoryBank
+from memr1.memory_store.graph import SCREEN_BEAM, unreachable
+
+
+def graph_check(index, ids: np.ndarray, vectors: np.ndarray, bank) -> dict:
+    """The part of memr1's build_s that no usearch impl here pays: the search of every row's own vector
+    that finds the rows the graph lost (memory_store/graph.py; its repairs are rarer and cheaper), timed
+    again on the built graph, and the rows left to exact scans."""
+    t = time.perf_counter()
+    lost = unreachable(index, ids.astype(np.uint64), vectors, SCREEN_BEAM)
+    return {"graph_check_s": time.perf_counter() - t, "graph_lost_after_repair": len(lost),
+            "graph_orphans": sum(map(len, bank._manifest.graph_orphans.values()))}
 
 
 def n_changes(size: int) -> int:
@@ -55,6 +67,7 @@ class Scenario:
         shared = Index.restore(str(graph), view=True) if graph else hnsw_index(config, ids, self.vectors)
         shared.expansion_search = config.hnsw_expansion_search  # as the bank sets it on its own view
         self.build_s["usearch_overlay"] = time.perf_counter() - t
+        self.graph = graph_check(shared, ids, self.vectors, bank) if graph else {}
         self.impls = {"memr1": bank, "usearch_overlay": UsearchOverlay(shared, self.vectors, ids, size, oversample,
                                                                         config),
                       "numpy_copy": NumpyBank(self.vectors)}
@@ -130,6 +143,8 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
                             n_search, rounds)
         for impl in fns:
             built = {"build_s": scn.build_s.get(impl)} if phase == "fresh" else {}  # the index the overlay needs
+            if phase == "fresh" and impl == "memr1":
+                built.update(scn.graph)
             stats = bank_stats(off) if impl == "memr1_auto_off" else scn.stats(impl)
             rows.append(row(impl, "search", scn.size, samples[impl], phase=phase, recall_at_k=hits[impl],
                             live=len(bank), **shape, **stats, **built))

@@ -186,6 +186,8 @@ class Manifest(msgspec.Struct):
     speakers_indexed: list[str] = []
     # base-<generation>/ file name -> [size, CRC32C], checked at open (version 2; version 1 had none)
     files: dict[str, tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=0)]]] = {}
+    # speaker -> base rows its HNSW graph does not return, scored exactly on every search (graph.py)
+    graph_orphans: dict[str, list[Annotated[int, Meta(ge=0)]]] = {}
 
 
 FORMAT = "memr1-bank"

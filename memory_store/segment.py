@@ -30,6 +30,7 @@ from usearch.index import Index
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError, BankIOError
+from memr1.memory_store.graph import build_graph
 from memr1.memory_store.records import BankConfig, Memory
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
@@ -43,12 +44,14 @@ class SearchResult(NamedTuple):
 
 class Segment:
     """Shared, read-only state of a base. `rows_by_speaker` lists base rows per speaker; speakers
-    in `indexes` are searched by HNSW, the rest exactly."""
+    in `indexes` are searched by HNSW (plus their graph's `orphans`, scored exactly), the rest exactly."""
 
-    def __init__(self, vectors: np.ndarray, memories: list[Memory], indexes: dict[str, Index]):
+    def __init__(self, vectors: np.ndarray, memories: list[Memory], indexes: dict[str, Index],
+                 orphans: dict[str, list[int]] | None = None):
         self.vectors = vectors
         self.memories = memories
         self.indexes = indexes
+        self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
         speakers = np.array([m.speaker for m in memories], dtype=object)
         self.rows_by_speaker = {s: np.flatnonzero(speakers == s).astype(np.int64) for s in set(speakers.tolist())}
 
@@ -77,6 +80,8 @@ class Segment:
                         break
                     ask *= 2
                 parts.append(keys)
+                if s in self.orphans:
+                    parts.append(self.orphans[s])
             elif s in self.rows_by_speaker:
                 parts.append(self.rows_by_speaker[s])
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
@@ -86,21 +91,22 @@ class Segment:
                 for m in self.memories]
 
 
-def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> dict[str, Index]:
+def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig
+                  ) -> tuple[dict[str, Index], dict[str, list[int]]]:
+    """A graph per speaker with at least `hnsw_threshold` rows, checked so that every row is found
+    (graph.py), and the rows each graph leaves to exact scans (speakers with none are left out)."""
     by_speaker: dict[str, list[int]] = {}
     for row, m in enumerate(memories):
         by_speaker.setdefault(m.speaker, []).append(row)
-    indexes = {}
+    indexes, orphans = {}, {}
     for speaker, rows in by_speaker.items():
         if len(rows) < config.hnsw_threshold:
             continue
-        index = Index(ndim=config.dim, metric="cos", dtype=config.hnsw_dtype,
-                      connectivity=config.hnsw_connectivity, expansion_add=config.hnsw_expansion_add,
-                      expansion_search=config.hnsw_expansion_search)
         keys = np.asarray(rows, dtype=np.uint64)
-        index.add(keys, vectors[keys.astype(np.int64)])
-        indexes[speaker] = index
-    return indexes
+        indexes[speaker], lost, _ = build_graph(keys, vectors[keys.astype(np.int64)], config)
+        if len(lost):
+            orphans[speaker] = lost.tolist()
+    return indexes, orphans
 
 
 def fsync_path(path: Path) -> None:
@@ -139,10 +145,10 @@ def encode_memories(memories: list[Memory], rows_per_call: int = 8192) -> bytes:
     return b"".join(parts)
 
 
-def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
-                  config: BankConfig) -> tuple[list[str], dict[str, tuple[int, int]]]:
-    """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index and
-    each file's (size, CRC32C)."""
+def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], config: BankConfig
+                  ) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]]]:
+    """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index,
+    each file's (size, CRC32C) and each graph's orphan rows (for the manifest)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -150,7 +156,7 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
     with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
         f.write(vectors.data)
     (tmp / "records.msgpack").write_bytes(encode_memories(memories))
-    indexes = build_indexes(vectors, memories, config)
+    indexes, orphans = build_indexes(vectors, memories, config)
     speakers = sorted(indexes)
     for i, speaker in enumerate(speakers):
         try:
@@ -163,7 +169,7 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory],
     fsync_path(tmp)
     os.replace(tmp, folder)
     fsync_path(folder.parent)
-    return speakers, files
+    return speakers, files, orphans
 
 
 def segment_files(speakers_indexed: list[str]) -> list[str]:
@@ -183,8 +189,10 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
-                 files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None) -> Segment:
-    """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `memories`:
+                 files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None,
+                 orphans: dict[str, list[int]] | None = None) -> Segment:
+    """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `orphans`:
+    the manifest's rows each graph leaves to exact scans. `memories`:
     its rows as the caller just wrote them (compaction, whose write_segment computed the checksums
     from the same bytes), which are then neither checksummed nor decoded again."""
     path = folder / "records.msgpack"
@@ -223,13 +231,17 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
         raise BankFormatError(f"{path} is damaged: {e}") from None
     except OSError as e:
         raise BankIOError(f"cannot read {path}: {e.strerror or e}", e.errno or 0) from None
-    return Segment(vectors, memories, indexes)
+    for speaker, rows in (orphans or {}).items():
+        if speaker not in indexes or any(not 0 <= r < base_rows for r in rows):
+            raise BankFormatError(f"{folder.parent}/MANIFEST.json: graph_orphans of {speaker!r} name no graph's "
+                                  f"rows: the bank is damaged")
+    return Segment(vectors, memories, indexes, orphans)
 
 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    return Segment(vectors, memories, build_indexes(vectors, memories, config))
+    return Segment(vectors, memories, *build_indexes(vectors, memories, config))
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):

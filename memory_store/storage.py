@@ -71,7 +71,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories) -> Man
     commits them (with the segment's files). On failure this call's files are removed (BankIOError)."""
     gen = manifest.generation
     try:
-        speakers, files = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
+        speakers, files, orphans = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)
@@ -81,7 +81,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories) -> Man
             raise
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
-    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files)
+    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans)
 
 
 def commit_generation(path: Path, manifest: Manifest) -> None:
@@ -111,7 +111,7 @@ def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable
     `memories`: the segment's rows when the caller just wrote them (not read back)."""
     gen = manifest.generation
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                           manifest.files if manifest.version >= 2 else None, memories)
+                           manifest.files if manifest.version >= 2 else None, memories, manifest.graph_orphans)
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 
