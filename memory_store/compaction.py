@@ -69,11 +69,13 @@ def report_failure(bank) -> None:
 
 
 def live_rows(snap) -> tuple[list[Memory], object]:
-    """A state's live memories and their vectors, id order (snap: a fork nobody writes)."""
+    """A state's live memories and their vectors, id order (snap: a fork nobody writes). The records
+    are listed once without the GIL, then turned into Python objects a slice per GIL hold."""
+    rows = snap.live_rows()
     memories = []
-    for start in range(0, snap.size, ROWS_PER_SLICE):
-        memories += [Memory(*row) for row in snap.live(start, start + ROWS_PER_SLICE)]
-    return memories, snap.live_vectors()
+    for start in range(0, len(rows), ROWS_PER_SLICE):
+        memories += [Memory(*row) for row in rows.slice(start, start + ROWS_PER_SLICE)]
+    return memories, rows.vectors()
 
 
 def build(snap, config: BankConfig, path, previous: Manifest | None) -> Generation:

@@ -218,7 +218,9 @@ def test_sliced_encoding_and_reads_equal_the_plain_ones(n):
         for m in memories:
             bank.apply(Add(m.text, np.ones(DIM, np.float32), m.speaker, m.timestamp, m.sources))
         core = bank._core
-        whole = core.live()
-        assert [r for s in range(0, n, 7) for r in core.live(s, s + 7)] == whole
-        assert core.live(5, 3) == [] and core.live(n + 4) == []
+        whole, rows = core.live(), core.live_rows()
+        assert len(rows) == n and [r for s in range(0, n, 7) for r in rows.slice(s, s + 7)] == whole
+        assert rows.slice(5, 3) == [] and rows.slice(n + 4, n + 9) == [] and rows.slice(-3, 2) == whole[:2]
         assert compaction.live_rows(core)[0] == [Memory(*r) for r in whole]
+        bank.apply(Add("after the snapshot", np.ones(DIM, np.float32), "A"))  # the rows are a snapshot
+        assert rows.slice(0, n + 1) == whole and rows.vectors().shape == (n, DIM)

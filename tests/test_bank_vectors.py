@@ -56,7 +56,7 @@ def test_vector_changed_while_apply_runs_is_never_logged_non_finite(tmp_path):
     bank.close()
     bank = MemoryBank.open(tmp_path / "b", "r")
     assert len(bank) == acked
-    assert np.isfinite(bank._core.live_vectors()).all()
+    assert np.isfinite(bank._core.live_rows().vectors()).all()
 
 
 @pytest.mark.parametrize("vector, fragment", [

@@ -37,6 +37,13 @@ py::tuple hits_to_arrays(const std::vector<Hit>& hits) {
 // Below this many multiply-adds a search keeps the GIL: handing it back can cost more than the scan.
 constexpr size_t kReleaseWork = size_t(1) << 16;
 
+// A fork of a state (which keeps its records alive) and its live records in id order.
+struct LiveRows {
+  explicit LiveRows(State s) : snap(std::move(s)) {}
+  State snap;
+  std::vector<const Record*> recs;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -121,6 +128,26 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dropped_tail", &OpLog::dropped_tail)
       .def_property_readonly("torn_record", &OpLog::torn_record);
 
+  py::class_<LiveRows>(m, "LiveRows")
+      .def("__len__", [](const LiveRows& l) { return l.recs.size(); })
+      .def("slice", [](const LiveRows& l, int64_t start, int64_t stop) {  // rows [start, stop) as tuples
+        const auto n = static_cast<int64_t>(l.recs.size());
+        stop = std::min(stop, n);
+        py::list out;
+        for (int64_t i = std::max<int64_t>(start, 0); i < stop; ++i) out.append(record_tuple(l.recs[static_cast<size_t>(i)]));
+        return out;
+      }, py::arg("start"), py::arg("stop"))
+      .def("vectors", [](const LiveRows& l) {  // [n, dim] float32 in id order
+        const int dim = l.snap.dim();
+        py::array_t<float> out({static_cast<py::ssize_t>(l.recs.size()), static_cast<py::ssize_t>(dim)});
+        float* p = out.mutable_data();
+        {
+          py::gil_scoped_release nogil;  // `out` is not visible to any other thread yet
+          for (size_t i = 0; i < l.recs.size(); ++i) std::memcpy(p + i * dim, l.recs[i]->vec, sizeof(float) * dim);
+        }
+        return out;
+      });
+
   py::class_<State>(m, "State")
       .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
       .def("fork", &State::fork)
@@ -195,15 +222,21 @@ PYBIND11_MODULE(_core, m) {
         if (!arr) throw py::error_already_set();
         return s.count_live_rows(arr.data(), static_cast<size_t>(arr.size()));
       })
-      .def("live", [](const State& s, int64_t start, int64_t stop) {  // rows [start, stop) in id order
-        auto recs = s.live();
-        const auto n = static_cast<int64_t>(recs.size());
-        stop = (stop < 0 || stop > n) ? n : stop;
+      .def("live", [](const State& s) {  // every live row in id order
         py::list out;
-        for (int64_t i = std::max<int64_t>(start, 0); i < stop; ++i) out.append(record_tuple(recs[static_cast<size_t>(i)]));
+        for (const Record* r : s.live()) out.append(record_tuple(r));
         return out;
-      }, py::arg("start") = 0, py::arg("stop") = -1)
-      // A state whose base is this one's live records over `vectors` (live_vectors()' rows, possibly a
+      })
+      // A snapshot's live rows, walked once without the GIL, then read a slice at a time (compaction).
+      .def("live_rows", [](const State& s) {
+        auto rows = std::make_unique<LiveRows>(s.fork());  // the fork: made under the GIL (reference counts)
+        {
+          py::gil_scoped_release nogil;
+          rows->recs = rows->snap.live();
+        }
+        return rows;
+      })
+      // A state whose base is this one's live records over `vectors` (live_rows().vectors(), possibly a
       // copy on disk), no delta, same next id and op count: a compaction's new state, built without the GIL.
       .def("rebased", [](const State& s, py::array vectors) {
         const int dim = s.dim();
@@ -224,17 +257,6 @@ PYBIND11_MODULE(_core, m) {
         }
         return out;
       }, py::arg("vectors"))
-      .def("live_vectors", [](const State& s) {  // [n, dim] in id order, for compaction
-        State snap = s.fork();  // keeps every record alive while the copy runs without the GIL
-        auto recs = snap.live();
-        py::array_t<float> out({static_cast<py::ssize_t>(recs.size()), static_cast<py::ssize_t>(s.dim())});
-        float* p = out.mutable_data();
-        {
-          py::gil_scoped_release nogil;  // `out` is not visible to any other thread yet
-          for (size_t i = 0; i < recs.size(); ++i) std::memcpy(p + i * s.dim(), recs[i]->vec, sizeof(float) * s.dim());
-        }
-        return out;
-      })
       .def_property_readonly("dim", &State::dim)
       .def_property_readonly("size", &State::size)
       .def_property_readonly("next_id", &State::next_id)
