@@ -4,8 +4,12 @@
 
 Trainers: `memr1` (Learner.train_step, prompt sharing on: a group's prompt is computed once, in one row
 with all its responses), `memr1_noshare` (the same Learner with share_prefix off: every completion in
-its own row with its own copy of the prompt) and `trl` (TRL 1.16 GRPOTrainer's loss path as its trainer
-runs it: `compute_loss` per micro-batch, `accelerator.backward`, clip, optimizer and scheduler step).
+its own row with its own copy of the prompt), `trl` (TRL 1.16 GRPOTrainer's loss path as its trainer
+runs it: `compute_loss` per micro-batch, `accelerator.backward`, clip, optimizer and scheduler step)
+and `trl_compact` (the same, patched to memr1's head arithmetic: off Triton devices TRL's fused LM head
+scores every position and always computes the entropy; compact scores completion positions only and
+skips the entropy, which this loss does not use; bench/train_step_worker.py). `head_positions` counts
+the positions each trainer's LM head scores: memr1_noshare against trl_compact is the same arithmetic.
 
 The work is the same on every side. A batch of N sequences (G completions per prompt, the group's
 prompt shared) of random tokens, per-sequence advantages from U(-1, 2), and old log-probs (the
@@ -49,7 +53,7 @@ import torch
 
 from memr1.bench.train_step_worker import PROTOCOL
 
-TRAINERS = ("memr1", "memr1_noshare", "trl")
+TRAINERS = ("memr1", "memr1_noshare", "trl", "trl_compact")
 OLD_LOGP_NOISE = 0.1  # std of the shift: about 7% of ratios fall outside [0.8, 1.2]
 
 
@@ -173,6 +177,7 @@ def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: st
         step_s, cpu_s = statistics.median(wall), statistics.median(cpu)
         rows.append({"trainer": t, "group_size": settings["group_size"], "tokens_per_s": tokens / step_s,
                      "positions": ready["positions"], "positions_per_s": ready["positions"] / step_s,
+                     "head_positions": first[t]["head_positions"],
                      "step_s": step_s, "step_s_spread": spread(wall), "cpu_s": cpu_s, "cpu_s_spread": spread(cpu),
                      "peak_rss_mb": max(ready["setup_peak_mb"], final[t]["step_peak_mb"]),
                      "rss_rise_mb": final[t]["step_peak_mb"] - ready["baseline_rss_mb"],
@@ -181,10 +186,11 @@ def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: st
                      "steps_timed": len(wall), "step1_loss": first[t]["loss"], "step1_grad_norm": first[t]["grad_norm"],
                      "info": ready["info"]})
     by = {r["trainer"]: r for r in rows}
-    if "trl" in by:  # above 1: faster than TRL on this batch (wall, and CPU seconds)
-        for r in rows:
-            r["speedup_vs_trl"] = by["trl"]["step_s"] / r["step_s"]
-            r["cpu_speedup_vs_trl"] = by["trl"]["cpu_s"] / r["cpu_s"]
+    for ref in ("trl", "trl_compact"):  # above 1: faster than TRL on this batch (wall, and CPU seconds)
+        if ref in by:
+            for r in rows:
+                r[f"speedup_vs_{ref}"] = by[ref]["step_s"] / r["step_s"]
+                r[f"cpu_speedup_vs_{ref}"] = by[ref]["cpu_s"] / r["cpu_s"]
     return rows, agreement
 
 
@@ -225,8 +231,8 @@ def main():
                 print(f"G={g} step 1 {name} vs trl: loss rel diff {a['loss_rel_diff']:.2e}, "
                       f"grad norm rel diff {a['grad_norm_rel_diff']:.2e}", flush=True)
     from memr1.bench.common import print_table, write_json
-    print_table(rows, ["trainer", "group_size", "tokens_per_s", "positions", "positions_per_s", "step_s", "cpu_s",
-                       "speedup_vs_trl", "cpu_speedup_vs_trl", "peak_rss_mb", "rss_rise_mb"])
+    print_table(rows, ["trainer", "group_size", "tokens_per_s", "positions", "head_positions", "step_s", "cpu_s",
+                       "speedup_vs_trl", "speedup_vs_trl_compact", "cpu_speedup_vs_trl", "peak_rss_mb", "rss_rise_mb"])
     if args.json:
         write_json(args.json, "train_step", rows, model=args.model, quick=args.quick, agreement=agreement,
                    settings={str(g): v for g, v in settings.items()}, tol=args.tol, steps=args.steps)

@@ -1,12 +1,13 @@
 """One trainer of bench.train_step in its own process, so that its memory is its own.
 
-    python -m memr1.bench.train_step_worker --trainer memr1|memr1_noshare|trl --batch B.pt --model M
+    python -m memr1.bench.train_step_worker --trainer memr1|memr1_noshare|trl|trl_compact --batch B.pt --model M
 
 It loads the batch the parent saved, sets its trainer up, then answers on stdout (lines starting with
 "BENCH ", JSON after it; anything else a library prints there is ignored by the parent):
 - at start: {"baseline_rss_mb", "setup_peak_mb", "positions", "micro_batches", "info"}; the process's
   peak RSS is reset after this, so the peak at the end is the peak of the steps alone;
-- each "step" read on stdin: {"wall_s", "cpu_s", "loss", "grad_norm"} of one full optimizer step;
+- each "step" read on stdin: {"wall_s", "cpu_s", "loss", "grad_norm", "head_positions"} of one full
+  optimizer step (head_positions: the positions its LM head scored, counted in TRL's head);
 - "quit": {"step_peak_mb", "rss_mb"}, then it exits.
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Memr1:
         # What the forwards compute: every micro-batch's rows x width, padding included.
         micros = [m for m in self.learner.plan(self.batch).micros if not m.dummy]
         self.positions = sum(m.input_ids.numel() for m in micros)
+        self.head_positions = sum(m.targets.numel() for m in micros)  # response positions only
         self.micro_batches = len(micros)
         self.info = {"optimizer": type(self.learner.optim).__name__,
                      "optimizer_fused": self.learner.optim.defaults.get("fused"),
@@ -79,9 +81,15 @@ class Memr1:
 class Trl:
     """TRL's GRPOTrainer loss path as its trainer runs it: `compute_loss` per micro-batch,
     `accelerator.backward`, clip, optimizer and scheduler step. Micro-batch inputs are built before
-    the timer (TRL builds them while generating, outside its loss path)."""
+    the timer (TRL builds them while generating, outside its loss path).
 
-    def __init__(self, model, batch, checkpointing: bool, scratch: str):
+    `compact`: TRL patched to do memr1's head arithmetic. Its fused LM head scores only completion
+    positions on Triton devices and every position elsewhere (CPU included), and it also computes the
+    entropy, which its loss reads only for the entropy mask and bonus (both off here) and a logged
+    metric. Compact forces the completion-only choice and a head without entropy (the metric then
+    averages zeros), so that it and memr1_noshare do the same arithmetic."""
+
+    def __init__(self, model, batch, checkpointing: bool, scratch: str, compact: bool = False):
         from memr1.bench.trl_stubs import prompt_dataset, stub_missing_trl_imports
         self.stubbed = stub_missing_trl_imports()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -103,6 +111,10 @@ class Trl:
                                    args=args, train_dataset=prompt_dataset(n, self.stubbed),
                                    processing_class=AutoTokenizer.from_pretrained(model))
         tr = self.trainer
+        if compact:
+            compact_head(tr)
+        self.head = count_head_rows()
+        self.head_positions = None  # measured by each step
         tr.create_optimizer_and_scheduler(num_training_steps=1000)
         if checkpointing:  # Trainer.train() turns this on; the timed path calls the loss directly
             tr.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -124,6 +136,7 @@ class Trl:
     def step(self):
         tr = self.trainer
         total = 0.0
+        self.head.rows = 0
         for inputs in self.micros:
             loss = tr.compute_loss(tr.model, inputs)
             tr.accelerator.backward(loss)
@@ -132,25 +145,58 @@ class Trl:
         tr.optimizer.step()
         tr.lr_scheduler.step()
         tr.optimizer.zero_grad(set_to_none=True)
+        self.head_positions = self.head.rows
         return total, float(norm)
+
+
+def count_head_rows():
+    """Count the positions TRL's fused LM head scores (rows fed to its chunked log-prob function)."""
+    from trl.trainer import utils as trl_utils
+    function = trl_utils._ChunkedLogProbFunction
+
+    class Counter:
+        rows = 0
+
+        @staticmethod
+        def apply(hidden, *rest):
+            Counter.rows += hidden.shape[0]
+            return function.apply(hidden, *rest)
+    trl_utils._ChunkedLogProbFunction = Counter
+    return Counter
+
+
+def compact_head(trainer) -> None:
+    """Patch one GRPOTrainer (and TRL's head choice in this worker process) as Trl's `compact` says."""
+    from trl.trainer import utils as trl_utils
+    trl_utils._use_triton = lambda device: True  # the head's choice only; the kernel keeps its CPU path
+    trl_utils.add_fused_lm_head(trainer.model, temperature=trainer.temperature,
+                                cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32, outputs=("log_probs",))
+    full = trainer._get_per_token_logps_and_entropies
+
+    def without_entropy(*args, **kwargs):
+        logps, _, aux = full(*args, **{**kwargs, "compute_entropy": False})
+        return logps, torch.zeros_like(logps), aux
+    trainer._get_per_token_logps_and_entropies = without_entropy
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trainer", required=True, choices=["memr1", "memr1_noshare", "trl"])
+    ap.add_argument("--trainer", required=True, choices=["memr1", "memr1_noshare", "trl", "trl_compact"])
     ap.add_argument("--batch", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     batch = torch.load(args.batch)
-    if args.trainer == "trl":
-        trainer = Trl(args.model, batch, args.activation_checkpointing, os.path.dirname(os.path.abspath(args.batch)))
+    if args.trainer.startswith("trl"):
+        trainer = Trl(args.model, batch, args.activation_checkpointing, os.path.dirname(os.path.abspath(args.batch)),
+                      compact=args.trainer == "trl_compact")
     else:
         trainer = Memr1(args.model, batch, args.trainer == "memr1", args.activation_checkpointing)
     baseline, setup_peak = status_mb("VmRSS"), status_mb("VmHWM")
     reset = reset_peak()
     say({"baseline_rss_mb": baseline, "setup_peak_mb": setup_peak, "peak_reset": reset,
-         "positions": trainer.positions, "micro_batches": trainer.micro_batches, "info": trainer.info,
+         "positions": trainer.positions,
+         "micro_batches": trainer.micro_batches, "info": trainer.info,
          "torch_threads": torch.get_num_threads()})
     for line in sys.stdin:
         cmd = line.strip()
@@ -158,7 +204,7 @@ def main():
             t0, c0 = time.perf_counter(), time.process_time()
             loss, norm = trainer.step()
             say({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                 "loss": loss, "grad_norm": norm})
+                 "loss": loss, "grad_norm": norm, "head_positions": trainer.head_positions})
         elif cmd == "quit":
             say({"step_peak_mb": status_mb("VmHWM"), "rss_mb": status_mb("VmRSS")})
             return

@@ -37,7 +37,7 @@ def test_quick_run_rows_agreement_and_provenance(tiny_model, tmp_path):
     assert sorted(os.listdir(scratch)) == []
     data = json.loads(out.read_text())
     rows = {r["trainer"]: r for r in data["rows"]}
-    assert set(rows) == {"memr1", "memr1_noshare", "trl"}
+    assert set(rows) == {"memr1", "memr1_noshare", "trl", "trl_compact"}
     keys = {"trainer", "group_size", "tokens_per_s", "positions", "step_s", "step_s_spread", "cpu_s",
             "peak_rss_mb", "rss_rise_mb"}
     for r in rows.values():
@@ -50,7 +50,11 @@ def test_quick_run_rows_agreement_and_provenance(tiny_model, tmp_path):
     # memr1 with sharing each of the 4 prompts once.
     assert rows["trl"]["positions"] == rows["memr1_noshare"]["positions"] == 16 * 64
     assert rows["memr1"]["positions"] == 4 * 32 + 16 * 32
-    for name in ("memr1", "memr1_noshare"):
+    # The LM head: TRL on CPU scores every next-token position; compact and memr1 the 32 response ones.
+    assert rows["trl"]["head_positions"] == 16 * 63
+    assert rows["trl_compact"]["head_positions"] == rows["memr1_noshare"]["head_positions"] == 16 * 32
+    assert rows["memr1"]["head_positions"] == 16 * 32
+    for name in ("memr1", "memr1_noshare", "trl_compact"):
         a = data["agreement"]["4"][name]
         assert a["loss_rel_diff"] <= 1e-4 and a["grad_norm_rel_diff"] <= 1e-4
         assert abs(a["ref_loss"]) > 1e-2  # a loss that is not a near-cancelling sum
