@@ -3,11 +3,19 @@
 Two native modules are built by CMakeLists.txt (C++17) and land next to their Python sources:
 memory_store's core (pybind11) as `memr1.memory_store._core`, and the kernels' CPU operators (built
 against the installed torch, registered with torch.library) as `memr1.kernels._native`.
+
+The core searches the HNSW graphs that usearch's Python package saves with usearch's own header-only
+C++ core, of the same version: its wheel carries no headers, so they come from its source distribution
+on the package index (MEMR1_USEARCH_INCLUDE names a folder holding usearch/index_dense.hpp instead, for
+offline builds).
 """
 import os
 import subprocess
 import sys
 import sysconfig
+import tarfile
+import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -31,6 +39,26 @@ class CMakeExtension(Extension):
         self.target = target  # the CMake target that builds this module
 
 
+def usearch_headers(cache: Path) -> Path:
+    """A folder holding usearch/*.hpp of the installed usearch's version (from its sdist, once)."""
+    given = os.environ.get("MEMR1_USEARCH_INCLUDE")
+    if given:
+        return Path(given).resolve()
+    ver = version("usearch")
+    include = cache / f"usearch-{ver}" / "include"
+    if (include / "usearch" / "index_dense.hpp").exists():
+        return include
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "usearch",
+                        "--no-build-isolation", "-d", tmp, f"usearch=={ver}"], check=True)
+        (sdist,) = Path(tmp).glob("usearch-*.tar.gz")
+        with tarfile.open(sdist) as tar:  # only the headers and the licence, as plain files
+            members = [m for m in tar.getmembers() if m.isfile() and (
+                m.name.startswith(f"usearch-{ver}/include/usearch/") or m.name == f"usearch-{ver}/LICENSE")]
+            tar.extractall(cache, members=members, filter="data")
+    return include
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -45,6 +73,7 @@ class CMakeBuild(build_ext):
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             f"-DMEMR1_OUTPUT_DIR={out.parent}",
             f"-DMEMR1_OUTPUT_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
+            f"-DUSEARCH_INCLUDE_DIR={usearch_headers(ROOT / 'build')}",
         ], cwd=build_dir, check=True)
         subprocess.run(["cmake", "--build", ".", "--target", ext.target, "-j", str(os.cpu_count() or 2)],
                        cwd=build_dir, check=True)

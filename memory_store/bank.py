@@ -185,11 +185,8 @@ class MemoryBank:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
         k = check_search(k, speaker)
         core, segment = self._view
-        rows = None
-        if not exact and segment.indexes:
-            vector = _core.vector(vector, self.config.dim)  # checked and copied before usearch reads it
-            rows = segment.candidates(vector, int(k * self.config.hnsw_oversample), speaker, core)
-        ids, scores = core.search(vector, k, speaker, rows)
+        rows, graphs = (None, []) if exact else segment.plan(speaker)
+        ids, scores = core.search(vector, k, speaker, rows, graphs, int(k * self.config.hnsw_oversample))
         return SearchResult(ids, scores)
 
     def get(self, memory_id: int) -> Memory:
@@ -282,7 +279,7 @@ class MemoryBank:
     def stats(self) -> dict:
         c, segment = self._view
         return {"live": c.size, "base_rows": c.base_size, "delta_rows": c.delta_len, "base_dead": c.base_dead,
-                "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(segment.indexes)}
+                "next_id": c.next_id, "ops": c.lsn, "hnsw_speakers": sorted(segment.graphs)}
 
     @property
     def compacting(self) -> bool:

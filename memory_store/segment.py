@@ -2,7 +2,7 @@
 
 On disk a segment is a folder `base-<generation>/` written to a `.tmp` sibling and renamed, so a
 crash never leaves half a segment under the final name. Vectors are memory-mapped; HNSW indexes are
-opened as read-only usearch views (`view=True`), which the bank never writes to. The manifest records
+memory-mapped and searched by the native core (csrc/graph.h), which never writes to them. The manifest records
 each file's size and CRC32C, checked at open: a flipped bit would otherwise be a wrong score, not an error.
 Segment files are never modified or truncated once renamed into place, so a mapping of one is safe
 for as long as it lives, even after the writer deletes the file.
@@ -44,47 +44,33 @@ class SearchResult(NamedTuple):
 
 class Segment:
     """Shared, read-only state of a base. `rows_by_speaker` lists base rows per speaker; speakers
-    in `indexes` are searched by HNSW (plus their graph's `orphans`, scored exactly), the rest exactly."""
+    in `graphs` (native views of their saved HNSW indexes) are searched through the graph plus the
+    graph's `orphans` (rows it does not return, scored exactly); the rest exactly."""
 
-    def __init__(self, vectors: np.ndarray, memories: list[Memory], indexes: dict[str, Index],
+    def __init__(self, vectors: np.ndarray, memories: list[Memory], graphs: dict[str, "_core.Graph"],
                  orphans: dict[str, list[int]] | None = None):
         self.vectors = vectors
         self.memories = memories
-        self.indexes = indexes
+        self.graphs = graphs
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
         speakers = np.array([m.speaker for m in memories], dtype=object)
         self.rows_by_speaker = {s: np.flatnonzero(speakers == s).astype(np.int64) for s in set(speakers.tolist())}
+        none = np.empty(0, np.int64)
+        # What a search scores besides the graphs' candidates: per speaker, and for all speakers (None).
+        self.plans = {s: (self.orphans.get(s, none) if s in graphs else rows, [graphs[s]] if s in graphs else [])
+                      for s, rows in self.rows_by_speaker.items()}
+        rest = [self.plans[s][0] for s in sorted(self.plans)]
+        self.plans[None] = (np.concatenate(rest) if rest else none, [graphs[s] for s in sorted(graphs)])
 
     def __len__(self) -> int:
         return len(self.memories)
 
-    def candidates(self, query: np.ndarray, count: int, speaker: str | None, core) -> np.ndarray | None:
-        """Base rows worth scoring exactly (at least `count` live ones from each HNSW index that holds
-        that many), or None when the whole base is small enough to scan. `core`: the state searched."""
-        if not self.indexes:
-            return None
-        speakers = [speaker] if speaker is not None else list(self.rows_by_speaker)
-        dead = core.base_dead
-        # Dead rows are skipped after the graph search, so ask for enough that `count` live ones are
-        # likely among the candidates at the base's dead fraction, then for twice as many until they are
-        # there. Asking for one extra candidate per dead row instead costs a 1e5 search 50x after 4,000.
-        want = count if not dead else int(count * len(self) / max(1, len(self) - dead) * 1.25) + 4
-        parts = []
-        for s in speakers:
-            index = self.indexes.get(s)
-            if index is not None:
-                n, ask = len(index), want
-                while True:
-                    keys = index.search(query, min(ask, n)).keys.astype(np.int64)
-                    if not dead or ask >= n or core.count_live_rows(keys) >= count:
-                        break
-                    ask *= 2
-                parts.append(keys)
-                if s in self.orphans:
-                    parts.append(self.orphans[s])
-            elif s in self.rows_by_speaker:
-                parts.append(self.rows_by_speaker[s])
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+    def plan(self, speaker: str | None) -> tuple[np.ndarray | None, list]:
+        """(base rows scored exactly, graphs whose candidates are scored too) for a search of `speaker`;
+        (None, []) when the base has no graph: then every base row is scanned."""
+        if not self.graphs:
+            return None, []
+        return self.plans.get(speaker, (np.empty(0, np.int64), []))
 
     def core_rows(self) -> list[tuple]:
         return [(m.id, m.text, m.speaker, m.timestamp, m.created, m.updated, m.previous_text, m.sources)
@@ -217,14 +203,13 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
             vectors = np.memmap(path, dtype=np.float32, mode="r", shape=(len(memories), config.dim))
         else:
             vectors = np.empty((0, config.dim), np.float32)
-        indexes = {}
+        graphs = {}
         for i, speaker in enumerate(speakers_indexed):
             path = folder / f"hnsw-{i}.usearch"
-            index = Index.restore(str(path), view=True)
-            if index is None or index.ndim != config.dim:
+            graph = _core.Graph.view(str(path), config.hnsw_expansion_search)  # BankFormatError if not one
+            if graph.dim != config.dim:
                 raise BankFormatError(f"{path} is not a usearch index of dim {config.dim}")
-            index.expansion_search = config.hnsw_expansion_search
-            indexes[speaker] = index
+            graphs[speaker] = graph
     except FileNotFoundError:
         raise BankFormatError(f"{path} is missing: the bank is damaged") from None
     except (msgspec.DecodeError, ValueError, RuntimeError) as e:  # msgspec, numpy and usearch on bad bytes
@@ -232,16 +217,22 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
     except OSError as e:
         raise BankIOError(f"cannot read {path}: {e.strerror or e}", e.errno or 0) from None
     for speaker, rows in (orphans or {}).items():
-        if speaker not in indexes or any(not 0 <= r < base_rows for r in rows):
+        if speaker not in graphs or any(not 0 <= r < base_rows for r in rows):
             raise BankFormatError(f"{folder.parent}/MANIFEST.json: graph_orphans of {speaker!r} name no graph's "
                                   f"rows: the bank is damaged")
-    return Segment(vectors, memories, indexes, orphans)
+    return Segment(vectors, memories, graphs, orphans)
 
 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    return Segment(vectors, memories, *build_indexes(vectors, memories, config))
+    indexes, orphans = build_indexes(vectors, memories, config)
+    return Segment(vectors, memories, {s: as_graph(index, config) for s, index in indexes.items()}, orphans)
+
+
+def as_graph(index: Index, config: BankConfig) -> "_core.Graph":
+    """The native search graph of an index built in memory (a copy of its serialized bytes)."""
+    return _core.Graph.load(index.save(), config.hnsw_expansion_search)
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):

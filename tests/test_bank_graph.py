@@ -81,22 +81,22 @@ def test_repaired_graph_survives_save_and_view(tmp_path):
 
 
 def test_orphans_are_searched_exactly_and_kept_in_the_manifest(tmp_path, monkeypatch):
-    # Simulate a row no repair reaches: it is scored on every search of its speaker, also after reopen.
+    # Simulate a row no repair reaches: the graph does not hold it at all (its repair only removes it),
+    # yet every search of its speaker scores it, also after reopen and in a bank with no folder.
     n = 600
     v = clustered(2 * n, 1)
     speakers = ["A"] * n + ["B"] * n
     monkeypatch.setattr(graph, "unreachable", lambda index, keys, vectors, beam: keys[:1])
+    monkeypatch.setattr(graph, "reinsert", lambda index, keys, vectors, lost, beam: (index.remove(lost), lost)[1])
     args = (v, [f"m{i}" for i in range(2 * n)], speakers, ["t"] * (2 * n))
     bank = MemoryBank.from_arrays(tmp_path / "b", *args, hnsw_threshold=500)
     assert bank._manifest.graph_orphans == {"A": [0], "B": [n]}
     bank.close()
-    bank = MemoryBank.open(tmp_path / "b", "r")
-    assert {s: rows.tolist() for s, rows in bank._segment.orphans.items()} == {"A": [0], "B": [n]}
-    bank.close()
-
-    bank = MemoryBank.from_arrays(None, *args, hnsw_threshold=500)
-    bank._segment.indexes["A"].remove(0)  # the graphs no longer hold rows 0 and n at all
-    bank._segment.indexes["B"].remove(n)
-    for row, speaker in ((0, "A"), (n, "B")):
-        assert int(bank.search(v[row], 1, speaker=speaker).ids[0]) == row
-        assert int(bank.search(v[row], 1).ids[0]) == row
+    disk = MemoryBank.open(tmp_path / "b", "r")
+    assert {s: rows.tolist() for s, rows in disk._segment.orphans.items()} == {"A": [0], "B": [n]}
+    for bank in (disk, MemoryBank.from_arrays(None, *args, hnsw_threshold=500)):
+        assert {s: len(g) for s, g in bank._segment.graphs.items()} == {"A": n - 1, "B": n - 1}
+        for row, speaker in ((0, "A"), (n, "B")):
+            assert int(bank.search(v[row], 1, speaker=speaker).ids[0]) == row
+            assert int(bank.search(v[row], 1).ids[0]) == row
+    disk.close()

@@ -8,6 +8,7 @@
 
 #include "convert.h"
 #include "core.h"
+#include "graph.h"
 
 using namespace memr1;  // brings convert.h's `py` alias of pybind11
 
@@ -148,6 +149,21 @@ PYBIND11_MODULE(_core, m) {
         return out;
       });
 
+  // A saved HNSW index (graph.h), searched only through State.search.
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph")
+      .def_static("view", &Graph::view, py::arg("path"), py::arg("expansion_search"),
+                  py::call_guard<py::gil_scoped_release>())
+      .def_static("load", [](py::buffer b, size_t beam) {  // an index serialized to bytes (Index.save())
+        py::buffer_info info = b.request();
+        const auto* data = static_cast<const uint8_t*>(info.ptr);
+        const size_t n = static_cast<size_t>(info.size * info.itemsize);
+        py::gil_scoped_release nogil;
+        return Graph::load(data, n, beam);
+      }, py::arg("data"), py::arg("expansion_search"))
+      .def("__len__", &Graph::size)
+      .def_property_readonly("dim", &Graph::dim)
+      .def_property_readonly("expansion_search", &Graph::expansion);
+
   py::class_<State>(m, "State")
       .def(py::init<int, size_t>(), py::arg("dim"), py::arg("max_text_bytes"))
       .def("fork", &State::fork)
@@ -187,17 +203,18 @@ PYBIND11_MODULE(_core, m) {
         if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return false; }
         return !overflow && s.get(v) != nullptr;
       })
-      .def("search", [](const State& s, py::handle q, int k, py::object speaker, py::object rows) {
+      // Top-k over the delta and the base: every base row when `base_rows` is None, else those rows plus
+      // `count` live candidates from each of `graphs` (HNSW), all re-scored exactly.
+      .def("search", [](const State& s, py::handle q, int k, py::object speaker, py::object rows,
+                        const std::vector<std::shared_ptr<Graph>>& graphs, size_t count) {
         std::vector<float> query = as_vector(q, s.dim());  // a copy: the caller's array may change meanwhile
         if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
+        float inv;
+        State::validate_vector(query.data(), s.dim(), &inv);  // a bad query is an error before any search
         int64_t code = -1;
         if (!speaker.is_none()) {
           code = find_speaker(as_str(speaker, "speaker"));
-          if (code < 0) {  // no memory has ever had this speaker
-            float inv;
-            State::validate_vector(query.data(), s.dim(), &inv);  // a bad query is still an error
-            return hits_to_arrays({});
-          }
+          if (code < 0) return hits_to_arrays({});  // no memory has ever had this speaker
         }
         std::vector<int64_t> cand;
         const bool some = !rows.is_none();
@@ -205,23 +222,22 @@ PYBIND11_MODULE(_core, m) {
           auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
           if (!arr) throw py::error_already_set();
           cand.assign(arr.data(), arr.data() + arr.size());
+        } else if (!graphs.empty()) {
+          throw BadInput("search: graphs need base_rows (the rows searched besides them)");
         }
         const size_t work = (some ? cand.size() : size_t(s.base_size())) + size_t(s.delta_len());
         std::vector<Hit> hits;
-        if (work * size_t(s.dim()) < kReleaseWork) {
+        if (graphs.empty() && work * size_t(s.dim()) < kReleaseWork) {
           hits = s.search(query.data(), k, code, some ? &cand : nullptr);
         } else {
           State snap = s.fork();  // O(1), made and dropped under the GIL (it changes reference counts)
           py::gil_scoped_release nogil;
+          for (const auto& g : graphs) g->search(query.data(), count, snap, cand);
           hits = snap.search(query.data(), k, code, some ? &cand : nullptr);
         }
         return hits_to_arrays(hits);
-      }, py::arg("query"), py::arg("k"), py::arg("speaker") = py::none(), py::arg("base_rows") = py::none())
-      .def("count_live_rows", [](const State& s, py::handle rows) {  // base rows not deleted or superseded
-        auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
-        if (!arr) throw py::error_already_set();
-        return s.count_live_rows(arr.data(), static_cast<size_t>(arr.size()));
-      })
+      }, py::arg("query"), py::arg("k"), py::arg("speaker") = py::none(), py::arg("base_rows") = py::none(),
+         py::arg("graphs") = std::vector<std::shared_ptr<Graph>>(), py::arg("count") = 0)
       .def("live", [](const State& s) {  // every live row in id order
         py::list out;
         for (const Record* r : s.live()) out.append(record_tuple(r));

@@ -287,12 +287,6 @@ bool State::base_row_live(int64_t row) const {
   return ids_.get(static_cast<uint64_t>(r->id)) == r;
 }
 
-int64_t State::count_live_rows(const int64_t* rows, size_t n) const {
-  int64_t live = 0;
-  for (size_t i = 0; i < n; ++i) live += base_row_live(rows[i]);
-  return live;
-}
-
 std::vector<const Record*> State::live() const {
   std::vector<const Record*> out;
   out.reserve(static_cast<size_t>(live_));

@@ -1,0 +1,149 @@
+// Graph (graph.h) over usearch's index_dense_t, the type usearch's Python package saves. The build
+// compiles usearch's headers of the installed package's version without its optional SIMD library
+// (NumKong, which the wheel loads at run time); its own distances are then built for baseline x86-64.
+// For the bank's default graph (i8, cosine) the walk uses the same integer arithmetic compiled for
+// AVX-512 and AVX2 too, picked at load time. Candidates are re-scored exactly in f32 by State::search.
+#include "graph.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <usearch/index_dense.hpp>
+
+#include "core.h"
+
+namespace memr1 {
+
+namespace us = unum::usearch;
+
+struct Graph::Impl {
+  us::index_dense_t index;
+  // usearch fails a search that finds no free per-thread context; this pool makes one wait instead.
+  std::mutex mu;
+  std::condition_variable freed;
+  std::vector<size_t> contexts;
+
+  size_t acquire() {
+    std::unique_lock<std::mutex> lock(mu);
+    freed.wait(lock, [&] { return !contexts.empty(); });
+    size_t id = contexts.back();
+    contexts.pop_back();
+    return id;
+  }
+  void release(size_t id) {
+    { std::lock_guard<std::mutex> lock(mu); contexts.push_back(id); }
+    freed.notify_one();
+  }
+};
+
+Graph::Graph() : impl_(new Impl) {}
+Graph::~Graph() = default;
+
+namespace {
+// usearch's i8 cosine distance (metric_cos_i8_t): exact int32 sums, so every build gives the same value.
+__attribute__((always_inline)) inline float cos_i8_body(const int8_t* a, const int8_t* b, size_t dim) {
+  int32_t ab = 0, a2 = 0, b2 = 0;
+  for (size_t i = 0; i < dim; ++i) {
+    int32_t x = a[i], y = b[i];
+    ab += x * y;
+    a2 += x * x;
+    b2 += y * y;
+  }
+  if (a2 == 0 && b2 == 0) return 0.f;
+  if (ab == 0) return 1.f;
+  float d = 1.f - static_cast<float>(ab) / (std::sqrt(static_cast<float>(a2)) * std::sqrt(static_cast<float>(b2)));
+  return d < 0.f ? 0.f : d;
+}
+using CosFn = float (*)(size_t, size_t, size_t);  // usearch's array-array-size signature (pointers as words)
+float cos_i8_default(size_t a, size_t b, size_t dim) {
+  return cos_i8_body(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), dim);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) float cos_i8_avx2(size_t a, size_t b, size_t dim) {
+  return cos_i8_body(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), dim);
+}
+__attribute__((target("avx512f,avx512bw"))) float cos_i8_avx512(size_t a, size_t b, size_t dim) {
+  return cos_i8_body(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), dim);
+}
+#endif
+CosFn pick_cos_i8() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512bw")) return cos_i8_avx512;
+  if (__builtin_cpu_supports("avx2")) return cos_i8_avx2;
+#endif
+  return cos_i8_default;
+}
+const CosFn cos_i8 = pick_cos_i8();
+
+// usearch's results carry an error that throws from its destructor when left unread; read it here.
+template <class R> void check(R& result, const std::string& what) {
+  if (result) return;
+  std::string msg = result.error.release();
+  throw LogFormat(what + ": " + msg);
+}
+}  // namespace
+
+// A search context per core: more concurrent searches than cores only queue for a free one.
+void prepare(Graph::Impl& g, size_t beam, const std::string& what) {
+  if (beam == 0) throw BadInput("a graph's search beam must be >= 1");
+  g.index.change_expansion_search(beam);
+  if (g.index.metric_kind() == us::metric_kind_t::cos_k && g.index.scalar_kind() == us::scalar_kind_t::i8_k)
+    g.index.change_metric(us::metric_punned_t::stateless(g.index.dimensions(), reinterpret_cast<std::uintptr_t>(cos_i8),
+                                                         us::metric_punned_signature_t::array_array_size_k,
+                                                         us::metric_kind_t::cos_k, us::scalar_kind_t::i8_k));
+  size_t threads = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+  if (!g.index.try_reserve(us::index_limits_t(g.index.size(), threads)))
+    throw LogFormat(what + ": cannot reserve search contexts");
+  for (size_t i = 0; i < threads; ++i) g.contexts.push_back(i);
+}
+
+std::shared_ptr<Graph> Graph::view(const std::string& path, size_t beam) {
+  std::shared_ptr<Graph> g(new Graph);
+  auto result = g->impl_->index.view(us::memory_mapped_file_t(path.c_str()));
+  check(result, path + " is not a usearch index");
+  prepare(*g->impl_, beam, path);
+  return g;
+}
+
+std::shared_ptr<Graph> Graph::load(const uint8_t* data, size_t n, size_t beam) {
+  std::shared_ptr<Graph> g(new Graph);
+  auto result = g->impl_->index.load(us::memory_mapped_file_t(const_cast<us::byte_t*>(
+      reinterpret_cast<const us::byte_t*>(data)), n));  // load() only reads the buffer, then copies
+  check(result, "a serialized usearch index");
+  prepare(*g->impl_, beam, "a serialized usearch index");
+  return g;
+}
+
+size_t Graph::size() const { return impl_->index.size(); }
+size_t Graph::dim() const { return impl_->index.dimensions(); }
+size_t Graph::expansion() const { return impl_->index.expansion_search(); }
+
+void Graph::search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const {
+  const us::index_dense_t& index = impl_->index;
+  count = std::min(count, index.size());
+  if (count == 0) return;
+  std::vector<us::default_key_t> keys(count);
+  struct Context {  // returned to the pool however the search ends
+    Impl& g;
+    size_t id;
+    ~Context() { g.release(id); }
+  } context{*impl_, impl_->acquire()};
+  auto take = [&](us::index_dense_t::search_result_t& found) {
+    check(found, "HNSW search");
+    size_t got = found.dump_to(keys.data(), count);
+    for (size_t i = 0; i < got; ++i) out.push_back(static_cast<int64_t>(keys[i]));
+  };
+  if (state.base_dead() == 0) {
+    auto found = index.search(q, count, context.id);
+    take(found);
+  } else {  // keys are base rows: skip those no longer live in this state
+    auto found = index.filtered_search(q, count, [&](us::default_key_t key) {
+      return state.base_row_live(static_cast<int64_t>(key));
+    }, context.id);
+    take(found);
+  }
+}
+
+}  // namespace memr1

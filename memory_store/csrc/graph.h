@@ -1,0 +1,39 @@
+// A speaker's HNSW graph, searched by usearch's own C++ core (header-only, compiled into this module)
+// on the file usearch's Python package saved, so a search never holds the GIL. Builds stay in Python
+// (memory_store/graph.py builds, checks and repairs each graph); this side only reads it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace memr1 {
+
+class State;
+
+class Graph {
+ public:
+  // The saved index at `path`, memory-mapped (a segment's hnsw-<i>.usearch, never written again).
+  // `beam`: the search's expansion (usearch's file does not keep it).
+  static std::shared_ptr<Graph> view(const std::string& path, size_t beam);
+  // An index serialized to bytes (an in-memory segment's), loaded into memory owned by the graph.
+  static std::shared_ptr<Graph> load(const uint8_t* data, size_t n, size_t beam);
+  ~Graph();
+
+  size_t size() const;
+  size_t dim() const;
+  size_t expansion() const;
+  // Appends to `out` up to `count` base rows (the graph's keys) nearest `q`, best first, skipping rows
+  // `state` holds deleted or superseded (a filtered search: it returns `count` live rows when there
+  // are). Thread-safe: each concurrent search takes one of the graph's per-thread contexts.
+  void search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const;
+
+  struct Impl;  // graph.cpp: the usearch index and its pool of search contexts
+
+ private:
+  Graph();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memr1
