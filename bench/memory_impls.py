@@ -121,7 +121,28 @@ class UsearchOverlay:
             if len(rows) >= k or want >= size:
                 break
             want *= 2
-        rows = np.asarray(rows, np.int64)
+        return self.merge(np.asarray(rows, np.int64), q, k)
+
+    @staticmethod
+    def search_forks(forks: list["UsearchOverlay"], queries: np.ndarray, k: int) -> list[np.ndarray]:
+        """forks[i].search(queries[i], k) for every i, the shared index searched once for all queries
+        (usearch's batch search, on one thread as memr1's search_forks runs); a fork whose hidden rows
+        leave fewer than k of its candidates searches again on its own."""
+        units = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+        first = forks[0]
+        want = min(int(k * first.oversample), len(first.index))
+        found = first.index.search(units, want, threads=1).keys.reshape(len(forks), -1)
+        out = []
+        for fork, q, keys in zip(forks, units, found):
+            rows = [r for r in keys.tolist() if r not in fork.hidden] if fork.hidden else keys.astype(np.int64)
+            if len(rows) < k and want < len(fork.index):
+                out.append(fork.search(q, k))
+                continue
+            out.append(fork.merge(np.asarray(rows, np.int64), q, k))
+        return out
+
+    def merge(self, rows: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+        """The top k of base `rows` re-scored exactly and this fork's overlay scanned; `q` unit-norm."""
         scores, ids = (self.base[rows] @ q) * self.base_inv[rows], self.base_ids[rows]
         if self.n:
             extra = self.rows[:self.n] @ q

@@ -124,6 +124,11 @@ def summary(rows: list[dict]) -> list[str]:
             lines.append(f"fork_rollout {r['bank_size']:,} G={r['group']}: compacting first ({r['compact_s']:.3f} s) "
                          f"saves {saved_us:.1f} us a fork: {payback}; overlay / memr1_compacted = "
                          f"{roll[('fork_rollout', 'usearch_overlay', r['bank_size'], r['group'])] / r['p50_us']:.2f}x")
+    for (op, impl, size, group), p50 in sorted(roll.items()):  # batched against batched, and the plain overlay
+        if impl == "memr1_compacted_batched":
+            lines.append(f"fork_rollout {size:,} G={group}: usearch_overlay_batched / memr1_compacted_batched = "
+                         f"{roll[(op, 'usearch_overlay_batched', size, group)] / p50:.2f}x, usearch_overlay / "
+                         f"memr1_compacted_batched = {roll[(op, 'usearch_overlay', size, group)] / p50:.2f}x")
     for r in rows:
         if r["impl"] in ("memr1", "usearch_overlay") and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
             cost = (f", amortised {r['amortised_us']:.2f} us ({r['compacted']} {where(r)} compaction(s), "

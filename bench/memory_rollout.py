@@ -12,6 +12,9 @@ so m = 3 ops per fork by default (2.6 observed). Updates and deletes hit distinc
 applies them with apply(), one by one as the baselines do; the trainer's apply_batch adds one O(1) fork
 for atomicity, which the baselines have no counterpart for.
 `op = "fork_ops"` times the same rollouts without the search.
+The `*_batched` impls run the same rollouts with a group's forks alive at once and their G searches in
+one call: memr1's `search_forks` (memory_store/forks.py) and the overlay's batch search of its shared
+index on one thread (UsearchOverlay.search_forks), each against its unbatched twin's root.
 `memr1_compacted` runs the same rollouts on a copy of memr1's bank compacted once before them (its rows
 carry that compaction's `compact_s`, outside the timer, as the overlay's shared index is built outside
 it): what folding a frozen bank's delta into a base buys each fork's search, and what it costs.
@@ -26,8 +29,9 @@ import time
 
 import numpy as np
 
-from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, alternate, as_memr1, clustered, row
+from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, UsearchOverlay, alternate, as_memr1, clustered, row
 from memr1.bench.memory_truth import recall, truth_topk
+from memr1.memory_store import search_forks
 
 MIX = {ADD: 0.30, UPDATE: 0.25, DELETE: 0.225, NOOP: 0.225}
 
@@ -56,11 +60,34 @@ def run_forks(root, ops, queries, k, out, ids_of):
         del fork
 
 
+def run_forks_batched(root, ops, queries, k, out, search_all):
+    """The same G rollouts with every fork alive at once and their searches in one `search_all` call."""
+    forks = []
+    for fork_ops in ops:
+        forks.append(root.fork())
+        for op in fork_ops:
+            forks[-1].apply(op)
+    if out is not None:
+        out[:] = search_all(forks, queries, k)
+    del forks
+
+
+def memr1_search_all(forks, queries, k):
+    return [found.ids for found in search_forks(forks, queries, k)]
+
+
+# A batched impl: (the root it forks, its search of all forks at once).
+BATCHED = {"memr1_batched": ("memr1", memr1_search_all),
+           "memr1_compacted_batched": ("memr1_compacted", memr1_search_all),
+           "usearch_overlay_batched": ("usearch_overlay", UsearchOverlay.search_forks)}
+
+
 def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
     """`scn` is a memory-layout Scenario that nothing has changed. `fork_ops` rows time the same
-    rollouts without the search, to show what the fork and the ops cost on their own."""
+    rollouts without the search, to show what the fork and the ops cost on their own (the batched
+    impls have none: their forks and ops are their unbatched twins')."""
     rows = []
-    impls = ("memr1", "memr1_compacted", "usearch_overlay", "numpy_copy")
+    plain = ("memr1", "memr1_compacted", "usearch_overlay", "numpy_copy")
     roots = dict(scn.impls, memr1_compacted=scn.impls["memr1"].fork())
     t = time.perf_counter()
     roots["memr1_compacted"].compact()
@@ -69,15 +96,19 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
         ops = plans(scn, group, m, seed=group)
         memr1_ops = [[as_memr1(op) for op in fork_ops] for fork_ops in ops]
         queries = clustered(group, seed=scn.size + group)
-        outs = {impl: [None] * group for impl in impls}
+        outs = {impl: [None] * group for impl in (*plain, *BATCHED)}
         # memr1's banks take its op records and return a SearchResult; the baselines take the plain ops.
         plan = {impl: (memr1_ops, lambda found: found.ids) if impl.startswith("memr1") else (ops, lambda found: found)
-                for impl in impls}
+                for impl in (*plain, *BATCHED)}
 
         def calls(searched: bool):
-            out = outs if searched else dict.fromkeys(impls)
-            return {impl: (lambda _, impl=impl: run_forks(roots[impl], plan[impl][0], queries, k, out[impl],
-                                                          plan[impl][1])) for impl in impls}
+            out = outs if searched else dict.fromkeys(plain)
+            fns = {impl: (lambda _, impl=impl: run_forks(roots[impl], plan[impl][0], queries, k, out[impl],
+                                                         plan[impl][1])) for impl in plain}
+            if searched:
+                fns.update({impl: (lambda _, impl=impl, root=root, fn=fn: run_forks_batched(
+                    roots[root], plan[impl][0], queries, k, out[impl], fn)) for impl, (root, fn) in BATCHED.items()})
+            return fns
         states = []
         for fork_ops in ops:
             states.append(scn.truth.fork())
@@ -86,12 +117,12 @@ def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:
         for op_name, searched in (("fork_rollout", True), ("fork_ops", False)):
             samples = alternate(calls(searched), rounds, rounds)
             truth = truth_topk(queries, states, k) if searched else None
-            for impl in impls:
+            for impl in samples:
                 extra = {"recall_at_k": recall(outs[impl], truth, k), "k": k} if searched else {}
                 r = row(impl, op_name, scn.size, samples[impl], group=group, layout=scn.layout, ops_per_fork=m,
                         **extra)
                 r["per_fork_us"] = r["p50_us"] / group
-                if impl == "memr1_compacted":
+                if impl.startswith("memr1_compacted"):
                     r["compact_s"] = compact_s
                 rows.append(r)
     return rows

@@ -140,6 +140,7 @@ struct Base {
 };
 
 struct Hit { float score; int64_t id; };
+struct TopK;  // search.cpp: the best k hits of one search
 
 class State {
  public:
@@ -164,6 +165,13 @@ class State {
   // Exact top-k over the delta plus, when `base_rows` is null, every base row; otherwise only the
   // given base rows (candidates from an HNSW index), which are re-scored exactly here.
   std::vector<Hit> search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const;
+  // The exact top-k of `states[i]` for query row i of `queries` ([n, dim]), for states over one base
+  // (forks of one bank): n calls of search() with every base row, the base read once for all of them.
+  // `base_dots` ([n, base rows], or null): the queries' dot products with the base rows, as one matrix
+  // product (BLAS) gives them; else the base is read in blocks that every query scores while cached.
+  static std::vector<std::vector<Hit>> search_many(const std::vector<const State*>& states, const float* queries,
+                                                   int k, int64_t speaker, const float* base_dots);
+  const Base* base() const { return base_.get(); }
   std::vector<const Record*> live() const;  // id order
 
   int dim() const { return dim_; }
@@ -185,6 +193,9 @@ class State {
 
  private:
   void check_text(const std::string& text, const char* what) const;
+  int clamp_k(int k) const { return k > live_ ? static_cast<int>(live_) : k; }  // a huge k must not size a heap
+  void score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const;
+  void scan_delta(const float* q, float qinv, int64_t speaker, TopK& top) const;
   Record* new_record(int64_t id, const std::string& text, const float* vec, float inv_norm);
   void put_delta(Record* r);
 

@@ -281,4 +281,87 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("base_dead", &State::base_dead)
       .def_property_readonly("dirty", &State::dirty)
       .def_property_readonly("base_size", &State::base_size);
+
+  // One search per state (forks of one bank: one base) for the rows of `queries` ([n, dim] float32):
+  // exact over the base (State::search_many; `base_dots`: its dot products) when `base_rows` is None,
+  // else per query its graphs' `count` live candidates plus `base_rows`, re-scored; all without the GIL.
+  // Returns (ids [n, k], scores [n, k], hits [n]): row i holds hits[i] hits, the rest -1 and 0.
+  m.def("search_many", [](const std::vector<State*>& states, py::array queries, int k, py::object speaker,
+                          py::object rows, const std::vector<std::shared_ptr<Graph>>& graphs, size_t count,
+                          py::object base_dots) {
+    if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
+    const size_t n = states.size();
+    const int dim = n ? states[0]->dim() : 0;
+    if (queries.dtype().kind() != 'f' || queries.itemsize() != 4 || queries.ndim() != 2 ||
+        size_t(queries.shape(0)) != n || (n && queries.shape(1) != dim))
+      throw BadInput("search_many: queries must be a float32 array of shape (" + std::to_string(n) + ", " +
+                     std::to_string(dim) + "), one row per bank");
+    std::vector<float> q(n * size_t(dim));  // a copy: the caller's array may change meanwhile
+    py::array_t<float, py::array::c_style | py::array::forcecast> contiguous(queries);
+    if (!q.empty()) std::memcpy(q.data(), contiguous.data(), sizeof(float) * q.size());
+    int64_t code = -1;
+    bool unknown_speaker = false;
+    if (!speaker.is_none()) {
+      code = find_speaker(as_str(speaker, "speaker"));
+      unknown_speaker = code < 0;  // no memory has ever had it: every search is empty
+    }
+    std::vector<int64_t> cand;
+    const bool some = !rows.is_none();
+    if (some) {
+      auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+      if (!arr) throw py::error_already_set();
+      cand.assign(arr.data(), arr.data() + arr.size());
+    } else if (!graphs.empty()) {
+      throw BadInput("search_many: graphs need base_rows (the rows searched besides them)");
+    }
+    // The exact path's dot products with every base row, [n, base rows] float32 (a matrix product).
+    py::array_t<float, py::array::c_style> dots;
+    if (!base_dots.is_none()) {
+      dots = py::array_t<float, py::array::c_style>::ensure(base_dots);
+      const int64_t nb = n ? states[0]->base_size() : 0;
+      if (!dots || dots.ndim() != 2 || size_t(dots.shape(0)) != n || dots.shape(1) != nb || some)
+        throw BadInput("search_many: base_dots must be float32 of shape (" + std::to_string(n) + ", " +
+                       std::to_string(nb) + ") and come without base_rows");
+    }
+    const float* dots_ptr = dots ? dots.data() : nullptr;
+    std::vector<State> snaps;  // O(1) forks, made and dropped under the GIL (reference counts)
+    snaps.reserve(n);
+    for (const State* s : states) snaps.push_back(s->fork());
+    std::vector<std::vector<Hit>> hits(n);
+    {
+      py::gil_scoped_release nogil;
+      std::vector<const State*> ptrs;
+      for (const State& s : snaps) ptrs.push_back(&s);
+      if (unknown_speaker) {
+        float inv;
+        for (size_t i = 0; i < n; ++i) State::validate_vector(q.data() + i * dim, dim, &inv);
+      } else if (!some) {
+        hits = State::search_many(ptrs, q.data(), k, code, dots_ptr);
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          std::vector<int64_t> c = cand;
+          for (const auto& g : graphs) g->search(q.data() + i * dim, count, snaps[i], c);
+          hits[i] = snaps[i].search(q.data() + i * dim, k, code, &c);
+        }
+      }
+    }
+    size_t width = 0;
+    for (const auto& h : hits) width = std::max(width, h.size());
+    py::array_t<int64_t> ids({py::ssize_t(n), py::ssize_t(width)});
+    py::array_t<float> scores({py::ssize_t(n), py::ssize_t(width)});
+    py::array_t<int64_t> got{py::ssize_t(n)};
+    auto* ip = ids.mutable_data();
+    auto* sp = scores.mutable_data();
+    for (size_t i = 0; i < n; ++i) {
+      got.mutable_data()[i] = int64_t(hits[i].size());
+      for (size_t j = 0; j < width; ++j) {
+        const bool hit = j < hits[i].size();
+        ip[i * width + j] = hit ? hits[i][j].id : -1;
+        sp[i * width + j] = hit ? hits[i][j].score : 0.f;
+      }
+    }
+    return py::make_tuple(ids, scores, got);
+  }, py::arg("states"), py::arg("queries"), py::arg("k"), py::arg("speaker") = py::none(),
+     py::arg("base_rows") = py::none(), py::arg("graphs") = std::vector<std::shared_ptr<Graph>>(), py::arg("count") = 0,
+     py::arg("base_dots") = py::none());
 }

@@ -60,6 +60,8 @@ DotFn pick_dot() {
 }
 const DotFn dot = pick_dot();
 
+}  // namespace
+
 struct TopK {  // min-heap of the best k hits
   explicit TopK(int k) : k(k) { heap.reserve(k); }
   int k;
@@ -74,50 +76,91 @@ struct TopK {  // min-heap of the best k hits
   }
   std::vector<Hit> sorted() { std::sort_heap(heap.begin(), heap.end(), worse); return heap; }
 };
-}  // namespace
+
+void State::score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const {
+  float s = dot_q * qinv * base_->inv_norms[row];
+  if (!top.admits(s)) return;
+  const Record* r = base_->rows[row];
+  if (base_dead_ && ids_.get(static_cast<uint64_t>(r->id)) != r) return;  // superseded or deleted
+  top.push({s, r->id});
+}
+
+void State::scan_delta(const float* q, float qinv, int64_t speaker, TopK& top) const {
+  // Delta records and their vectors are separate heap blocks: prefetch a leaf's 32 records, then their
+  // vectors' first lines, so the misses overlap instead of stalling the scan one by one.
+  delta_.for_each_leaf([&](void* const* slot) {
+    for (int i = 0; i < 32; ++i)
+      if (slot[i]) __builtin_prefetch(slot[i]);
+    for (int i = 0; i < 32; ++i)
+      if (slot[i]) {
+        const float* v = static_cast<const Record*>(slot[i])->vec;
+        __builtin_prefetch(v);
+        __builtin_prefetch(v + 16);
+      }
+    for (int i = 0; i < 32; ++i) {
+      const Record* r = static_cast<const Record*>(slot[i]);
+      if (!r || (speaker >= 0 && r->speaker != speaker)) continue;
+      float s = dot(q, r->vec, dim_) * qinv * r->inv_norm;
+      if (top.admits(s) && ids_.get(static_cast<uint64_t>(r->id)) == r) top.push({s, r->id});
+    }
+  });
+}
 
 std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const {
   float qinv;
   validate_vector(q, dim_, &qinv);
-  if (k > live_) k = static_cast<int>(live_);  // no more hits exist; a huge k must not size the heap
-  TopK top(k);
-  auto consider_base = [&](int64_t row) {
-    if (speaker >= 0 && base_->speakers[row] != speaker) return;
-    float s = dot(q, base_->vectors + row * dim_, dim_) * qinv * base_->inv_norms[row];
-    if (!top.admits(s)) return;
-    const Record* r = base_->rows[row];
-    if (base_dead_ && ids_.get(static_cast<uint64_t>(r->id)) != r) return;  // superseded or deleted
-    top.push({s, r->id});
-  };
-  if (base_ && k > 0) {
+  TopK top(clamp_k(k));
+  if (top.k == 0) return {};
+  if (base_) {
     if (base_rows) {
       for (int64_t row : *base_rows)
-        if (row >= 0 && row < base_->n) consider_base(row);
+        if (row >= 0 && row < base_->n && (speaker < 0 || base_->speakers[row] == speaker))
+          score_base_row(row, dot(q, base_->vectors + row * dim_, dim_), qinv, top);
     } else {
-      for (int64_t row = 0; row < base_->n; ++row) consider_base(row);
+      for (int64_t row = 0; row < base_->n; ++row)
+        if (speaker < 0 || base_->speakers[row] == speaker)
+          score_base_row(row, dot(q, base_->vectors + row * dim_, dim_), qinv, top);
     }
   }
-  if (k > 0) {
-    // Delta records and their vectors are separate heap blocks: prefetch a leaf's 32 records, then their
-    // vectors' first lines, so the misses overlap instead of stalling the scan one by one.
-    delta_.for_each_leaf([&](void* const* slot) {
-      for (int i = 0; i < 32; ++i)
-        if (slot[i]) __builtin_prefetch(slot[i]);
-      for (int i = 0; i < 32; ++i)
-        if (slot[i]) {
-          const float* v = static_cast<const Record*>(slot[i])->vec;
-          __builtin_prefetch(v);
-          __builtin_prefetch(v + 16);
-        }
-      for (int i = 0; i < 32; ++i) {
-        const Record* r = static_cast<const Record*>(slot[i]);
-        if (!r || (speaker >= 0 && r->speaker != speaker)) continue;
-        float s = dot(q, r->vec, dim_) * qinv * r->inv_norm;
-        if (top.admits(s) && ids_.get(static_cast<uint64_t>(r->id)) == r) top.push({s, r->id});
-      }
-    });
-  }
+  scan_delta(q, qinv, speaker, top);
   return top.sorted();
+}
+
+std::vector<std::vector<Hit>> State::search_many(const std::vector<const State*>& states, const float* queries,
+                                                 int k, int64_t speaker, const float* base_dots) {
+  const size_t n = states.size();
+  if (n == 0) return {};
+  const int dim = states[0]->dim_;
+  for (const State* s : states)
+    if (s->base_ != states[0]->base_ || s->dim_ != dim) throw BadInput("search_many: the states have different bases");
+  std::vector<float> qinv(n);
+  std::vector<TopK> tops;
+  tops.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    validate_vector(queries + i * dim, dim, &qinv[i]);
+    tops.emplace_back(states[i]->clamp_k(k));
+  }
+  const Base* base = states[0]->base_.get();
+  // A block of base rows (64 x dim floats) is scored by every query before the next block is read.
+  constexpr int64_t kBlock = 64;
+  for (int64_t start = 0; base && start < base->n; start += kBlock) {
+    const int64_t stop = std::min(base->n, start + kBlock);
+    for (size_t i = 0; i < n; ++i) {
+      if (tops[i].k == 0) continue;
+      const float* q = queries + i * dim;
+      for (int64_t row = start; row < stop; ++row)
+        if (speaker < 0 || base->speakers[row] == speaker)
+          states[i]->score_base_row(row, base_dots ? base_dots[i * base->n + row] : dot(q, base->vectors + row * dim, dim),
+                                    qinv[i], tops[i]);
+    }
+  }
+  std::vector<std::vector<Hit>> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (tops[i].k == 0) continue;
+    states[i]->scan_delta(queries + i * dim, qinv[i], speaker, tops[i]);
+    out[i] = tops[i].sorted();
+  }
+  return out;
 }
 
 }  // namespace memr1
