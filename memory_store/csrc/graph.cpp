@@ -132,11 +132,16 @@ void Graph::search(const float* q, size_t count, const State& state, std::vector
   } context{*impl_, impl_->acquire()};
   auto take = [&](us::index_dense_t::search_result_t& found) {
     check(found, "HNSW search");
-    size_t got = found.dump_to(keys.data(), count);
+    size_t got = found.dump_to(keys.data(), keys.size());
     for (size_t i = 0; i < got; ++i) out.push_back(static_cast<int64_t>(keys[i]));
   };
-  if (state.base_dead() == 0) {
-    auto found = index.search(q, count, context.id);
+  const size_t dead = static_cast<size_t>(state.base_dead());
+  if (dead <= count) {
+    // Few dead rows (a fork's own few ops): `count` more candidates than wanted hold `count` live ones
+    // (State::search skips the dead), and a plain walk costs no liveness lookup per visited node.
+    const size_t want = std::min(count + dead, index.size());
+    keys.resize(want);
+    auto found = index.search(q, want, context.id);
     take(found);
   } else {  // keys are base rows: skip those no longer live in this state
     auto found = index.filtered_search(q, count, [&](us::default_key_t key) {
