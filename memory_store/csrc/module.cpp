@@ -45,6 +45,19 @@ struct LiveRows {
   std::vector<const Record*> recs;
 };
 
+// A search's `base_rows` argument into `cand`: false for None (every base row is scanned, which a
+// search with graphs may not ask for), true for an array of base rows.
+bool base_rows_arg(py::object rows, bool has_graphs, const char* what, std::vector<int64_t>& cand) {
+  if (rows.is_none()) {
+    if (has_graphs) throw BadInput(std::string(what) + ": graphs need base_rows (the rows searched besides them)");
+    return false;
+  }
+  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+  if (!arr) throw py::error_already_set();
+  cand.assign(arr.data(), arr.data() + arr.size());
+  return true;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -217,14 +230,7 @@ PYBIND11_MODULE(_core, m) {
           if (code < 0) return hits_to_arrays({});  // no memory has ever had this speaker
         }
         std::vector<int64_t> cand;
-        const bool some = !rows.is_none();
-        if (some) {
-          auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
-          if (!arr) throw py::error_already_set();
-          cand.assign(arr.data(), arr.data() + arr.size());
-        } else if (!graphs.empty()) {
-          throw BadInput("search: graphs need base_rows (the rows searched besides them)");
-        }
+        const bool some = base_rows_arg(rows, !graphs.empty(), "search", cand);
         const size_t work = (some ? cand.size() : size_t(s.base_size())) + size_t(s.delta_len());
         std::vector<Hit> hits;
         if (graphs.empty() && work * size_t(s.dim()) < kReleaseWork) {
@@ -306,14 +312,7 @@ PYBIND11_MODULE(_core, m) {
       unknown_speaker = code < 0;  // no memory has ever had it: every search is empty
     }
     std::vector<int64_t> cand;
-    const bool some = !rows.is_none();
-    if (some) {
-      auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
-      if (!arr) throw py::error_already_set();
-      cand.assign(arr.data(), arr.data() + arr.size());
-    } else if (!graphs.empty()) {
-      throw BadInput("search_many: graphs need base_rows (the rows searched besides them)");
-    }
+    const bool some = base_rows_arg(rows, !graphs.empty(), "search_many", cand);
     // The exact path's dot products with every base row, [n, base rows] float32 (a matrix product).
     py::array_t<float, py::array::c_style> dots;
     if (!base_dots.is_none()) {
