@@ -57,10 +57,13 @@ class Segment:
         self.rows_by_speaker = {s: np.flatnonzero(speakers == s).astype(np.int64) for s in set(speakers.tolist())}
         none = np.empty(0, np.int64)
         # What a search scores besides the graphs' candidates: per speaker, and for all speakers (None).
-        self.plans = {s: (self.orphans.get(s, none) if s in graphs else rows, [graphs[s]] if s in graphs else [])
-                      for s, rows in self.rows_by_speaker.items()}
-        rest = [self.plans[s][0] for s in sorted(self.plans)]
-        self.plans[None] = (np.concatenate(rest) if rest else none, [graphs[s] for s in sorted(graphs)])
+        # A base with no graph is scanned whole instead (plan), so it needs none.
+        self.plans = {}
+        if graphs:
+            self.plans = {s: (self.orphans.get(s, none) if s in graphs else rows, [graphs[s]] if s in graphs else [])
+                          for s, rows in self.rows_by_speaker.items()}
+            rest = [self.plans[s][0] for s in sorted(self.plans)]
+            self.plans[None] = (np.concatenate(rest) if rest else none, [graphs[s] for s in sorted(graphs)])
 
     def __len__(self) -> int:
         return len(self.memories)

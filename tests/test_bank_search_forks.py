@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from memr1.memory_store import Add, Delete, InvalidInput, MemoryBank, Update, search_forks
+from memr1.memory_store import Add, Delete, InvalidInput, MemoryBank, Update, _core, search_forks
 
 
 def clustered(n, dim, seed):
@@ -77,6 +77,8 @@ def test_search_forks_inputs():
         search_forks(forks, v[:3].astype(np.float64), 1)
     with pytest.raises(InvalidInput, match="all zeros"):
         search_forks(forks, np.zeros((3, 8), np.float32), 1)
+    with pytest.raises(InvalidInput, match="needs base_dots"):  # the core never scores a base unseen
+        _core.search_many([f._core for f in forks], v[:3], 1)
     other = MemoryBank.from_arrays(None, v, ["m"] * 100, ["A"] * 100, ["t"] * 100)
     with pytest.raises(InvalidInput, match="share a base"):
         search_forks([forks[0], other], v[:2], 1)

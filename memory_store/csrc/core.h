@@ -166,12 +166,11 @@ class State {
   // given base rows (candidates from an HNSW index), which are re-scored exactly here.
   std::vector<Hit> search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const;
   // The exact top-k of `states[i]` for query row i of `queries` ([n, dim]), for states over one base
-  // (forks of one bank): n calls of search() with every base row, the base read once for all of them.
-  // `base_dots` ([n, base rows], or null): the queries' dot products with the base rows, as one matrix
-  // product (BLAS) gives them; else the base is read in blocks that every query scores while cached.
+  // (forks of one bank): n calls of search() with every base row, the base read once for all of them:
+  // `base_dots` ([n, base rows]; may be null only when there is no base) holds the queries' dot
+  // products with the base rows, as one matrix product (BLAS) gives them.
   static std::vector<std::vector<Hit>> search_many(const std::vector<const State*>& states, const float* queries,
                                                    int k, int64_t speaker, const float* base_dots);
-  const Base* base() const { return base_.get(); }
   std::vector<const Record*> live() const;  // id order
 
   int dim() const { return dim_; }

@@ -85,7 +85,8 @@ template <class R> void check(R& result, const std::string& what) {
 }
 }  // namespace
 
-// A search context per core: more concurrent searches than cores only queue for a free one.
+// The search beam, the i8 cosine above, and a search context per core: more concurrent searches than
+// cores only queue for a free one.
 void prepare(Graph::Impl& g, size_t beam, const std::string& what) {
   if (beam == 0) throw BadInput("a graph's search beam must be >= 1");
   g.index.change_expansion_search(beam);
@@ -124,7 +125,11 @@ void Graph::search(const float* q, size_t count, const State& state, std::vector
   const us::index_dense_t& index = impl_->index;
   count = std::min(count, index.size());
   if (count == 0) return;
-  std::vector<us::default_key_t> keys(count);
+  // Few dead rows (a fork's own few ops): a plain walk for that many more candidates holds `count` live
+  // ones (State::search skips the dead) and costs no liveness lookup per visited node.
+  const size_t dead = static_cast<size_t>(state.base_dead());
+  const bool plain = dead <= count;
+  std::vector<us::default_key_t> keys(plain ? std::min(count + dead, index.size()) : count);
   struct Context {  // returned to the pool however the search ends
     Impl& g;
     size_t id;
@@ -135,13 +140,8 @@ void Graph::search(const float* q, size_t count, const State& state, std::vector
     size_t got = found.dump_to(keys.data(), keys.size());
     for (size_t i = 0; i < got; ++i) out.push_back(static_cast<int64_t>(keys[i]));
   };
-  const size_t dead = static_cast<size_t>(state.base_dead());
-  if (dead <= count) {
-    // Few dead rows (a fork's own few ops): `count` more candidates than wanted hold `count` live ones
-    // (State::search skips the dead), and a plain walk costs no liveness lookup per visited node.
-    const size_t want = std::min(count + dead, index.size());
-    keys.resize(want);
-    auto found = index.search(q, want, context.id);
+  if (plain) {
+    auto found = index.search(q, keys.size(), context.id);
     take(found);
   } else {  // keys are base rows: skip those no longer live in this state
     auto found = index.filtered_search(q, count, [&](us::default_key_t key) {

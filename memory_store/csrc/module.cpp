@@ -289,7 +289,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("base_size", &State::base_size);
 
   // One search per state (forks of one bank: one base) for the rows of `queries` ([n, dim] float32):
-  // exact over the base (State::search_many; `base_dots`: its dot products) when `base_rows` is None,
+  // exact over the base (State::search_many; `base_dots`: the queries' products with its vectors, needed
+  // when there is a base) when `base_rows` is None,
   // else per query its graphs' `count` live candidates plus `base_rows`, re-scored; all without the GIL.
   // Returns (ids [n, k], scores [n, k], hits [n]): row i holds hits[i] hits, the rest -1 and 0.
   m.def("search_many", [](const std::vector<State*>& states, py::array queries, int k, py::object speaker,
@@ -322,7 +323,7 @@ PYBIND11_MODULE(_core, m) {
         throw BadInput("search_many: base_dots must be float32 of shape (" + std::to_string(n) + ", " +
                        std::to_string(nb) + ") and come without base_rows");
     }
-    const float* dots_ptr = dots ? dots.data() : nullptr;
+    const float* dots_ptr = base_dots.is_none() ? nullptr : dots.data();  // a default array_t is not null
     std::vector<State> snaps;  // O(1) forks, made and dropped under the GIL (reference counts)
     snaps.reserve(n);
     for (const State* s : states) snaps.push_back(s->fork());

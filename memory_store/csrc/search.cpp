@@ -111,15 +111,16 @@ std::vector<Hit> State::search(const float* q, int k, int64_t speaker, const std
   validate_vector(q, dim_, &qinv);
   TopK top(clamp_k(k));
   if (top.k == 0) return {};
+  auto consider = [&](int64_t row) {
+    if (speaker < 0 || base_->speakers[row] == speaker)
+      score_base_row(row, dot(q, base_->vectors + row * dim_, dim_), qinv, top);
+  };
   if (base_) {
     if (base_rows) {
       for (int64_t row : *base_rows)
-        if (row >= 0 && row < base_->n && (speaker < 0 || base_->speakers[row] == speaker))
-          score_base_row(row, dot(q, base_->vectors + row * dim_, dim_), qinv, top);
+        if (row >= 0 && row < base_->n) consider(row);
     } else {
-      for (int64_t row = 0; row < base_->n; ++row)
-        if (speaker < 0 || base_->speakers[row] == speaker)
-          score_base_row(row, dot(q, base_->vectors + row * dim_, dim_), qinv, top);
+      for (int64_t row = 0; row < base_->n; ++row) consider(row);
     }
   }
   scan_delta(q, qinv, speaker, top);
@@ -141,18 +142,12 @@ std::vector<std::vector<Hit>> State::search_many(const std::vector<const State*>
     tops.emplace_back(states[i]->clamp_k(k));
   }
   const Base* base = states[0]->base_.get();
-  // A block of base rows (64 x dim floats) is scored by every query before the next block is read.
-  constexpr int64_t kBlock = 64;
-  for (int64_t start = 0; base && start < base->n; start += kBlock) {
-    const int64_t stop = std::min(base->n, start + kBlock);
-    for (size_t i = 0; i < n; ++i) {
-      if (tops[i].k == 0) continue;
-      const float* q = queries + i * dim;
-      for (int64_t row = start; row < stop; ++row)
-        if (speaker < 0 || base->speakers[row] == speaker)
-          states[i]->score_base_row(row, base_dots ? base_dots[i * base->n + row] : dot(q, base->vectors + row * dim, dim),
-                                    qinv[i], tops[i]);
-    }
+  if (base && base->n && !base_dots) throw BadInput("search_many: an exact search over a base needs base_dots");
+  for (size_t i = 0; base && i < n; ++i) {
+    if (tops[i].k == 0) continue;
+    const float* dots = base_dots + i * base->n;
+    for (int64_t row = 0; row < base->n; ++row)
+      if (speaker < 0 || base->speakers[row] == speaker) states[i]->score_base_row(row, dots[row], qinv[i], tops[i]);
   }
   std::vector<std::vector<Hit>> out(n);
   for (size_t i = 0; i < n; ++i) {
