@@ -6,7 +6,7 @@ facts.partial.jsonl, so an interrupted run redoes at most one batch (cache layou
 import json
 from pathlib import Path
 
-from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, parse_facts
+from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, grounded, parse_facts
 from memr1.rl.banks import count_capped, generate_all, limit_turns, prepare_dir, text_of, write_atomic
 from memr1.rl.generation import SamplingConfig
 
@@ -16,8 +16,9 @@ def extract_all(convs, dirs: dict, generator, cfg: ExtractConfig, batch_size: in
     """sample_id -> one fact list per turn (in `conv.turns()` order, cut to max_turns). Each batch's
     results are appended to facts.partial.jsonl, so a restart redoes at most one batch. `counts`
     receives {"calls", "capped"} (completions that hit the token budget)."""
-    facts, todo = {}, []
+    facts, todo, names = {}, [], {}
     for conv in convs:
+        names[conv.sample_id] = sorted({t.speaker for t in conv.turns()})
         folder = dirs[conv.sample_id]
         prepare_dir(conv, folder)
         if (folder / "facts.json").is_file():
@@ -31,7 +32,7 @@ def extract_all(convs, dirs: dict, generator, cfg: ExtractConfig, batch_size: in
         for i, turn in enumerate(turns):
             if done[i] is None:
                 ctx = [(t.speaker, t.text) for t in turns[max(0, i - cfg.context_turns):i]]
-                todo.append((conv.sample_id, i, build_extract_messages(turn.speaker, turn.text, turn.timestamp, ctx)))
+                todo.append((conv.sample_id, i, turn, ctx))
         _finish_if_complete(folder, done)
     if bar is not None:
         bar.total = len(todo)
@@ -39,11 +40,14 @@ def extract_all(convs, dirs: dict, generator, cfg: ExtractConfig, batch_size: in
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=cfg.max_new_tokens)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
-        outs = generate_all(generator, [m for _, _, m in chunk], sampling, len(chunk), bar=bar)
+        prompts = [build_extract_messages(turn.speaker, turn.text, turn.timestamp, ctx) for _, _, turn, ctx in chunk]
+        outs = generate_all(generator, prompts, sampling, len(chunk), bar=bar)
         count_capped(counts, outs)
         touched = {}
-        for (sid, i, _), out in zip(chunk, outs):
-            facts[sid][i] = parse_facts(text_of(out), cfg).facts
+        for (sid, i, turn, ctx), out in zip(chunk, outs):
+            found = parse_facts(text_of(out), cfg).facts
+            said = " ".join([turn.text, *(t for _, t in ctx)])
+            facts[sid][i] = grounded(found, said, names[sid]) if cfg.grounded else found
             touched.setdefault(sid, []).append({"i": i, "facts": facts[sid][i]})
         for sid, lines in touched.items():
             with open(dirs[sid] / "facts.partial.jsonl", "a") as f:

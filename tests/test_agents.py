@@ -6,7 +6,7 @@ import pytest
 from memr1.memory_store import HashEmbedder, MemoryBank
 from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, longest_reply_to_fit,
                                     parse_answer)
-from memr1.rl.agents.extract import build_extract_messages, parse_facts
+from memr1.rl.agents.extract import EXAMPLES, build_extract_messages, grounded, parse_facts
 from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
                                      parse_manager_output, to_store_ops)
 from memr1.rl.data.synthetic import synthesize
@@ -37,8 +37,11 @@ def test_extract_prompt_and_parser():
     msgs = build_extract_messages("Andrew", "I adopted a dog yesterday!", "1:56 pm on 8 May, 2023",
                                   context=[("Bea", "Any news?")])
     assert msgs[0]["role"] == "system" and "relative dates" in msgs[0]["content"]
-    assert "Andrew: I adopted a dog yesterday!" in msgs[1]["content"] and "8 May, 2023" in msgs[1]["content"]
-    assert "Bea: Any news?" in msgs[1]["content"]
+    assert "8 May, 2023" in msgs[-1]["content"]
+    assert "Bea: Any news?" in msgs[-1]["content"] and "Andrew: I adopted a dog yesterday!" in msgs[-1]["content"]
+    # the worked examples alternate user / assistant turns, and each answer parses to its facts
+    assert [m["role"] for m in msgs[1:-1]] == ["user", "assistant"] * len(EXAMPLES)
+    assert [parse_facts(m["content"]).facts for m in msgs[2:-1:2]] == [list(e[3]) for e in EXAMPLES]
     with pytest.raises(TypeError, match="speaker"):
         build_extract_messages(None, "x")
     r = parse_facts('```json\n{"facts": ["Andrew has 1 dog", "Andrew has 1 dog", "", 3]}\n```')
@@ -48,6 +51,15 @@ def test_extract_prompt_and_parser():
     assert not r.parsed and r.facts == ["Andrew has 1 dog", "Andrew lives in Lyon"]
     assert parse_facts('{"facts": []}').facts == [] and parse_facts('{"facts": []}').parsed
     assert parse_facts(None).facts == [] and parse_facts('{"other": 1}').error
+
+
+def test_extract_grounded_drops_invented_facts():
+    facts = ["Mel has a new baby", "Mel went to a support group", "Caroline loves Mel", "Mel's dog Luna is 3"]
+    # names and filler words never ground a fact; a content word of the turn or its context does
+    names = ["Mel", "Caroline"]
+    assert grounded(facts, "Hey Caroline! I went to my support group.", names) == ["Mel went to a support group"]
+    assert grounded(facts, "Thanks! How old is your dog?", names) == ["Mel's dog Luna is 3"]
+    assert grounded(facts, "", names) == [] and grounded(facts, "Hey Caroline!", []) == ["Caroline loves Mel"]
 
 
 # ---- manager ----

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from memr1.engine.config.run import RunConfig
+from memr1.rl.agents.extract import PROMPT_ID
 
 
 def model_identity(path: Path) -> str:
@@ -32,7 +33,8 @@ def cache_keys(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple
     stage-2 banks are rebuilt only when something that shapes them changed."""
     common = {"embedder": cfg.embedder, "hash_dim": cfg.bank.hash_dim if cfg.embedder == "hash" else None,
               "dtype": cfg.generator.dtype, "backend": cfg.generator.backend, "max_turns": max_turns}
-    facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract)})
+    facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract),
+                         "prompt": PROMPT_ID})
     # "bank": what a built bank records; 2 = memories carry their source turns (evidence recall)
     bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
                         "bank": 2})
