@@ -6,7 +6,8 @@ memr1's bank against what a competent user would write (bench.memory_impls).
 Sections: `phases` (bench.memory_phases: search per phase with recall against a float64 truth, with
 memr1's automatic compaction on and off, compact time, op latency on disk banks; search against dirty
 rows at the largest HNSW size), `rollout` and `threads` (bench.memory_rollout), `sweep` (exact against
-HNSW search, to place hnsw_threshold).
+HNSW search, to place hnsw_threshold), `scale` (bench.memory_scale: memr1's disk bank alone at
+`--scale-size` rows, 1e6 by default; not in --quick).
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
 (fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
@@ -30,9 +31,10 @@ from memr1.bench.common import print_table, write_json
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
 from memr1.bench.memory_phases import Scenario, compaction_cost, dirty_sweep_rows, phase_rows
 from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
+from memr1.bench.memory_scale import scale_rows
 from memr1.memory_store import BankConfig, MemoryBank
 
-SECTIONS = ("phases", "rollout", "threads", "sweep")
+SECTIONS = ("phases", "rollout", "threads", "sweep", "scale")
 
 
 def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
@@ -135,6 +137,13 @@ def summary(rows: list[dict]) -> list[str]:
                     f"{r['compaction_s']:.2f} s)") if "compaction_s" in r else ""
             lines.append(f"{r['impl']} {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, p99 {r['p99_us']:.2f} us, max "
                          f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us{cost}")
+        if r["op"] == "build":
+            lines.append(f"scale {r['bank_size']:,}: built in {r['s']:.0f} s (RSS {r['rss_mb_before']:,.0f} -> "
+                         f"{r['rss_mb_after']:,.0f} MB), {r.get('graph_lost_after_repair')} rows unreachable, "
+                         f"{r.get('graph_orphans')} orphans")
+        if r["op"] in ("compact", "rss") and r.get("section") == "scale":
+            lines.append(f"scale {r['bank_size']:,}: " + (f"compaction {r['s']:.0f} s" if r["op"] == "compact"
+                                                          else f"peak RSS {r['peak_rss_mb']:,.0f} MB"))
         if r["op"] == "search_threads" and r["threads"] > 1:
             lines.append(f"{r['impl']} {r['layout']} search, {r['threads']} threads: {r['scaling']:.2f}x one "
                          f"thread's qps, CPU {r['cpu_per_wall']:.2f}x wall")
@@ -148,6 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="disk bank sizes, e.g. 1000,100000")
     p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], help="memory bank sizes")
+    p.add_argument("--scale-size", type=int, default=1_000_000, help="rows of the `scale` section's bank")
     p.add_argument("--ops-per-fork", type=int, default=3)
     p.add_argument("--oversample", type=float, default=2.0, help="the overlay's k multiple (memr1's default)")
     p.add_argument("--hnsw-threshold", type=int, default=BankConfig(dim=DIM).hnsw_threshold)
@@ -167,7 +177,7 @@ def main(argv=None) -> int:
                 "thread_searches": 48 if q else 240, "compact_reps": 1 if q else 3,
                 "dirty_changes": [0, 100, 400, 1000] if q else [0, 500, 1000, 2000, 4000, 6000],
                 "overlay_oversample": args.oversample,
-                "sweep_sizes": [2_000, 4_000, 8_000, 16_000, 32_000], "dim": DIM,
+                "sweep_sizes": [2_000, 4_000, 8_000, 16_000, 32_000], "scale_size": args.scale_size, "dim": DIM,
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "bank": msgspec.structs.asdict(BankConfig(
                     dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold,
@@ -199,6 +209,8 @@ def main(argv=None) -> int:
             for size in s["rollout_sizes"]:
                 scn = Scenario(size, "memory", config, args.oversample, None)
                 rows += rollout_rows(scn, s["groups"], s["ops_per_fork"], s["k"], s["rollout_rounds"])
+        if "scale" in args.only and not q:
+            rows += scale_rows(s["scale_size"], config, Path(tmp), s["k"], s["queries"], s["n_search"], s["n_ops"])
     if "sweep" in args.only and not q:
         rows += threshold_sweep(s["sweep_sizes"], s["n_slow"])
     print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "max_us",

@@ -180,3 +180,25 @@ def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
                 assert isinstance(r["compacted"], int) and r["auto_compact_at"] >= MIN_ROWS
                 assert r["max_us"] >= r["p50_us"] and r["mean_us"] > 0
         assert {("usearch_overlay", "fork", size), ("numpy_copy", "fork", size)} <= ops
+
+
+def test_scale_section_crosses_the_threshold_once_per_kind_with_measured_recall(tmp_path):
+    """bench.memory_scale at a small HNSW size: every row kind, each write kind paying (and counting)
+    its own compaction, recall measured in every phase, and the build's reachability check reported."""
+    from memr1.bench.memory_scale import scale_rows
+    config = BankConfig(dim=clustered(1, seed=0).shape[1], fsync="never", auto_compact_min_rows=300,
+                        auto_compact_ratio=0.01)
+    rows = scale_rows(6000, config, tmp_path, k=10, n_queries=20, n_search=40, n_noop=50)
+    assert all(r["section"] == "scale" and r["bank_size"] == 6000 for r in rows)
+    by = {(r["op"], r.get("phase")): r for r in rows}
+    assert by[("build", None)]["graph_lost_after_repair"] == 0 and by[("build", None)]["s"] > 0
+    for phase in ("fresh", "after_ops", "after_compact"):
+        r = by[("search", phase)]
+        assert r["mode"] == "hnsw" and 0.9 <= r["recall_at_k"] <= 1.0 and r["n"] == 40
+    dirt = {p: by[("search", p)]["delta_rows"] + by[("search", p)]["dead_rows"] for p in ("after_ops", "after_compact")}
+    assert dirt["after_ops"] - dirt["after_compact"] == 300  # the fork: 100 updates (2 rows each), 100 deletes
+    for kind in ("add", "update", "delete"):
+        r = by[(kind, None)]
+        assert r["n"] == 400 and r["compacted"] >= 1 and r["amortised_us"] > r["mean_us"]  # background compactions
+    assert by[("noop", None)]["compacted"] == 0 and by[("compact", None)]["s"] > 0
+    assert by[("rss", None)]["peak_rss_mb"] >= by[("build", None)]["rss_mb_after"]

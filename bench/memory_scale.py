@@ -1,0 +1,99 @@
+"""bench.memory_ops' `scale` section: memr1's disk bank alone at one large size (1e6 rows by default),
+where no baseline here fits the time budget of a 2-core machine.
+
+Rows (`section` "scale", `layout` "disk", `phase` as in bench.memory_phases):
+- `build`: from_arrays of the clustered rows (HNSW build, the reachability check and its repairs,
+  the files written), with `graph_lost_after_repair` (a search of every row's own vector after the
+  build: rows no search reaches) and `graph_orphans` (rows left to exact scans), and the process RSS
+  before and after (`rss_mb_before`, `rss_mb_after`; the f32 rows themselves are 1.5 GB at 1e6 x 384);
+- `search` per phase with recall@k against the float64 truth (bench.memory_truth): `fresh`;
+  `after_compact` (the bank after the op rows' compactions, with the few rows since); `after_ops` (a
+  fork of it given updates and deletes up to the compaction threshold: the dirtiest bank a search meets);
+- `add`, `update`, `delete`, `noop`: each call timed alone, on the bank with its automatic compaction
+  on. Add, update and delete each get enough calls to cross the compaction threshold once
+  (`auto_compact_at` dirty rows), so `compaction_s` is one compaction at this size and `amortised_us`
+  counts it in;
+- `compact`: the last compaction's wall time (`s`), from the op rows: a compaction at this size costs
+  the same whoever starts it;
+- `rss`: the peak RSS of the process (`peak_rss_mb`), truth arrays included.
+"""
+import time
+from pathlib import Path
+
+import numpy as np
+
+from memr1.bench.common import status_mb
+from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, as_memr1, clustered, row, timed
+from memr1.bench.memory_phases import bank_stats, compaction_cost, graph_check
+from memr1.bench.memory_truth import Truth, recall, truth_topk
+from memr1.memory_store import MemoryBank
+
+
+def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_search: int, n_noop: int) -> list[dict]:
+    vectors = clustered(size, seed=size)
+    rss_before = status_mb("VmRSS")
+    t = time.perf_counter()
+    bank = MemoryBank.from_arrays(workdir / f"scale-{size}", vectors, [f"memory {i}" for i in range(size)],
+                                  ["user"] * size, ["t"] * size, config=config)
+    build_s = time.perf_counter() - t
+    rows = [{"impl": "memr1", "op": "build", "bank_size": size, "layout": "disk", "section": "scale", "s": build_s,
+             "rss_mb_before": rss_before, "rss_mb_after": status_mb("VmRSS"), **check(bank, vectors)}]
+    print(f"  scale: {size:,} rows built in {build_s:.0f}s")
+    truth, queries = Truth(vectors), clustered(n_queries, seed=size + 3)
+    rows.append(search_row(bank, truth, queries, k, n_search, "fresh", size))
+
+    rng = np.random.default_rng(size + 6)
+    n = bank.auto_compact_at + 100  # one compaction per kind
+    pool = clustered(4096, seed=size + 1)
+    live = rng.permutation(size)
+    plans = {ADD: [(ADD, None, pool[i % len(pool)]) for i in range(n)],
+             UPDATE: [(UPDATE, int(i), pool[-1 - j % len(pool)]) for j, i in enumerate(live[:n])],
+             DELETE: [(DELETE, int(i), None) for i in live[n:2 * n]],
+             NOOP: [(NOOP, None, None)] * n_noop}
+    last_compact = None
+    for kind, plan in plans.items():
+        ops = [as_memr1(op) for op in plan]
+        before = (bank.compactions, bank.compaction_seconds)
+        samples = timed(lambda i: bank.apply(ops[i]), len(ops))
+        cost = compaction_cost(bank, before)
+        for op in plan:
+            truth.apply(op)
+        rows.append(row("memr1", kind, size, samples, layout="disk", section="scale", auto_compact_at=bank.auto_compact_at, **cost))
+        if cost["compacted"]:
+            last_compact = cost["compaction_s"] / cost["compacted"]
+        print(f"  scale: {len(ops):,} {kind} ops, {cost['compacted']} compaction(s) ({cost['compaction_s']:.0f}s)")
+    if last_compact is not None:
+        rows.append({"impl": "memr1", "op": "compact", "bank_size": size, "layout": "disk", "section": "scale",
+                     "s": last_compact})
+    rows.append(search_row(bank, truth, queries, k, n_search, "after_compact", size))
+    # The dirtiest bank a search meets: a fork (forks never compact) given as many dirty rows as the
+    # threshold allows, half by updates, half by deletes of base rows.
+    dirty, dirty_truth, m = bank.fork(), truth.fork(), bank.auto_compact_at // 3
+    for op in [(UPDATE, int(i), pool[j % len(pool)]) for j, i in enumerate(live[2 * n:2 * n + m])] + \
+              [(DELETE, int(i), None) for i in live[2 * n + m:2 * n + 2 * m]]:
+        dirty.apply(as_memr1(op))
+        dirty_truth.apply(op)
+    rows.append(search_row(dirty, dirty_truth, queries, k, n_search, "after_ops", size))
+    rows.append({"impl": "memr1", "op": "rss", "bank_size": size, "layout": "disk", "section": "scale",
+                 "peak_rss_mb": status_mb("VmHWM")})
+    bank.close()
+    return rows
+
+
+def check(bank, vectors: np.ndarray) -> dict:
+    """The reachability of every row in the built graph (bench.memory_phases.graph_check), on the
+    graph file the bank wrote."""
+    from usearch.index import Index
+    graph = next(Path(bank.path).glob("base-*/hnsw-0.usearch"), None)
+    if graph is None:
+        return {}
+    index = Index.restore(str(graph), view=True)
+    return graph_check(index, np.arange(len(vectors), dtype=np.int64), vectors, bank)
+
+
+def search_row(bank, truth: Truth, queries: np.ndarray, k: int, n_search: int, phase: str, size: int) -> dict:
+    expected = truth_topk(queries, [truth] * len(queries), k)
+    hits = recall([bank.search(q, k).ids for q in queries], expected, k)
+    samples = timed(lambda i: bank.search(queries[i % len(queries)], k), n_search)
+    return row("memr1", "search", size, samples, layout="disk", section="scale", phase=phase, k=k,
+               recall_at_k=hits, live=len(bank), **bank_stats(bank))
