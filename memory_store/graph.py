@@ -4,9 +4,12 @@ usearch's multi-threaded insertion sometimes leaves a node that no search reache
 on 2 threads; none seen single-threaded), and a cluster of identical vectors can cut other nodes off.
 Such a memory is silently lost to the agent that stored it. So every build is checked: each row's
 own vector is searched (a cheap screen at a small beam, then the rows it missed again at the full
-beam and a wider k), and a row still missing is repaired by removing and re-inserting it. The few
-that re-insertion does not reach either (seen in sparse graphs, also single-threaded) become the
-graph's orphans: rows every search of that speaker scores exactly besides the graph's candidates.
+beam and a wider k). A few missing rows (under REPAIR_FROM) become the graph's orphans at once: rows
+every search of that speaker scores exactly besides the graph's candidates, which costs a search a
+few dot products. More are removed and re-inserted; re-insertion rewires the neighbours of the rows
+it links, which can cut off rows that were found before (at 1e6 rows, repairs of a few thousand rows
+left ~1,800 others unreachable), so then every row is screened again and the rows still missing
+become orphans. Nothing changes the graph after the last screen, so every row is found or an orphan.
 
 A row counts as found when the search returns it, or returns k rows at least as close as an exact
 duplicate would be (a tie: identical vectors that no graph can tell apart, whose texts come back).
@@ -24,11 +27,13 @@ SCREEN_K = 10          # the first pass: one search per row at this k and SCREEN
 SCREEN_BEAM = 16
 CONFIRM_K = 100        # rows the screen missed, searched again at the configured beam
 TIE_DISTANCE = 1e-4    # cosine distance under which two vectors are the same to a quantised graph
+REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repair (and its second screen)
 
 
 class GraphCheck(NamedTuple):
-    """What making one graph whole took: rows the screen missed, rows re-insertion repaired, rows left
-    as orphans; seconds of the insertion and of the check with its repairs (the cost it adds)."""
+    """What making one graph whole took: rows the first check missed, of those the rows re-insertion
+    repaired, rows left as orphans (any row the last check missed); seconds of the insertion and of the
+    check with its repairs (the cost it adds)."""
     rows: int
     missed: int
     repaired: int
@@ -64,16 +69,15 @@ def unreachable(index: Index, keys: np.ndarray, vectors: np.ndarray, beam: int) 
     return keys[missed[lost & ~tied]]
 
 
-def reinsert(index: Index, keys: np.ndarray, vectors: np.ndarray, lost: np.ndarray, beam: int) -> np.ndarray:
+def reinsert(index: Index, keys: np.ndarray, vectors: np.ndarray, lost: np.ndarray) -> None:
     """Remove the `lost` keys, then re-insert them on one thread, one after another (each linked from
-    the entry point like any new node); returns those still unreachable. One add call for all of
-    them: usearch grows its key table on every add call, which at 1e6 rows costs ~17 ms a call."""
+    the entry point like any new node). One add call for all of them: usearch grows its key table on
+    every add call, which at 1e6 rows costs ~17 ms a call."""
     order = np.argsort(keys)
     rows = order[np.searchsorted(keys, lost, sorter=order)]
     for key in lost.tolist():
         index.remove(key)
     index.add(lost, vectors[rows], threads=1)
-    return unreachable(index, lost, vectors[rows], beam)
 
 
 def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0
@@ -84,14 +88,16 @@ def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0
     index = new_index(config)
     index.add(keys, vectors, threads=threads)
     built = time.perf_counter()
-    lost = unreachable(index, keys, vectors, SCREEN_BEAM)
-    missed = len(lost)
-    if missed:
-        lost = reinsert(index, keys, vectors, lost, config.hnsw_expansion_search)
-    check = GraphCheck(len(keys), missed, missed - len(lost), len(lost), built - start, time.perf_counter() - built)
+    missed = unreachable(index, keys, vectors, SCREEN_BEAM)
+    lost, repaired = missed, 0
+    if len(missed) >= REPAIR_FROM:
+        reinsert(index, keys, vectors, missed)
+        lost = unreachable(index, keys, vectors, SCREEN_BEAM)  # every row: the repair rewired neighbours
+        repaired = len(np.setdiff1d(missed, lost))
+    check = GraphCheck(len(keys), len(missed), repaired, len(lost), built - start, time.perf_counter() - built)
     if len(lost) > len(keys) // 100:
         log.warning("HNSW graph of %d rows leaves %d rows to exact scans: its connectivity (%d) is too low "
                     "for this data", len(keys), len(lost), config.hnsw_connectivity)
-    elif missed:
+    elif len(missed):
         log.info("HNSW graph of %d rows: %s", len(keys), check)
     return index, np.sort(lost.astype(np.int64)), check

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from memr1.memory_store import BankConfig, MemoryBank
+from memr1.memory_store import BankConfig, MemoryBank, search_forks
 from memr1.memory_store import graph
 from memr1.memory_store.graph import build_graph, new_index
 
@@ -53,19 +53,23 @@ def test_every_row_of_a_sparse_bank_is_found_by_its_own_vector(tmp_path):
 
 
 def test_duplicate_vectors_count_as_found():
-    # 50 copies of one vector: a search returns 10 of them, the other 40 are ties, not lost nodes.
+    # 150 copies of one vector: no graph tells them apart, and a search for it returns k of them. The
+    # other rows are each found or orphans, and a copy the check cannot reach at all is an orphan.
     config = BankConfig(dim=DIM)
     v = clustered(3000, 0)
-    v[100:150] = v[100]
+    v[100:250] = v[100]
     keys = np.arange(len(v), dtype=np.uint64)
     index, orphans, _ = build_graph(keys, v, config)
     distinct = np.ones(len(v), bool)
-    distinct[101:150] = False
-    assert not np.isin(orphans, np.arange(101, 150)).any()
+    distinct[101:250] = False
     assert (found(index, keys[distinct], v[distinct]) | np.isin(keys[distinct], orphans)).all()
+    copies = index.search(v[100], 10)
+    assert np.isin(copies.keys, np.arange(100, 250)).all() and (copies.distances <= graph.TIE_DISTANCE).all()
+    assert len(orphans) < 150
 
 
-def test_repaired_graph_survives_save_and_view(tmp_path):
+def test_repaired_graph_survives_save_and_view(tmp_path, monkeypatch):
+    monkeypatch.setattr(graph, "REPAIR_FROM", 1)  # repair whatever the check finds
     config = BankConfig(dim=DIM, hnsw_connectivity=8)
     keys = np.arange(4000, dtype=np.uint64)
     for seed in range(8):  # the first build that needed a repair
@@ -81,13 +85,16 @@ def test_repaired_graph_survives_save_and_view(tmp_path):
 
 
 def test_orphans_are_searched_exactly_and_kept_in_the_manifest(tmp_path, monkeypatch):
-    # Simulate a row no repair reaches: the graph does not hold it at all (its repair only removes it),
-    # yet every search of its speaker scores it, also after reopen and in a bank with no folder.
+    # Simulate a row no search of the graph reaches: the check reports it and the graph does not hold it
+    # at all, yet every search of its speaker scores it, also after reopen and in a bank with no folder.
     n = 600
     v = clustered(2 * n, 1)
     speakers = ["A"] * n + ["B"] * n
-    monkeypatch.setattr(graph, "unreachable", lambda index, keys, vectors, beam: keys[:1])
-    monkeypatch.setattr(graph, "reinsert", lambda index, keys, vectors, lost, beam: (index.remove(lost), lost)[1])
+
+    def lose_first(index, keys, vectors, beam):
+        index.remove(int(keys[0]))
+        return keys[:1]
+    monkeypatch.setattr(graph, "unreachable", lose_first)
     args = (v, [f"m{i}" for i in range(2 * n)], speakers, ["t"] * (2 * n))
     bank = MemoryBank.from_arrays(tmp_path / "b", *args, hnsw_threshold=500)
     assert bank._manifest.graph_orphans == {"A": [0], "B": [n]}
@@ -100,3 +107,39 @@ def test_orphans_are_searched_exactly_and_kept_in_the_manifest(tmp_path, monkeyp
             assert int(bank.search(v[row], 1, speaker=speaker).ids[0]) == row
             assert int(bank.search(v[row], 1).ids[0]) == row
     disk.close()
+
+
+def test_an_orphan_the_graph_also_returns_is_scored_once(tmp_path, monkeypatch):
+    # A few missed rows become orphans without a repair and stay in the graph, which may return them:
+    # each search (one query, and a batch over forks) lists every row once.
+    n = 800
+    v = clustered(n, 2)
+    monkeypatch.setattr(graph, "unreachable", lambda index, keys, vectors, beam: keys[:5])
+    bank = MemoryBank.from_arrays(tmp_path / "b", v, [f"m{i}" for i in range(n)], ["A"] * n, ["t"] * n,
+                                  hnsw_threshold=500)
+    assert bank._manifest.graph_orphans == {"A": [0, 1, 2, 3, 4]} and len(bank._segment.graphs["A"]) == n
+    for row in range(5):
+        ids = bank.search(v[row], 20).ids
+        assert int(ids[0]) == row and len(set(ids.tolist())) == len(ids) == 20
+    forks = [bank.fork() for _ in range(3)]
+    got = search_forks(forks, v[:3], 20)
+    assert [int(r.ids[0]) for r in got] == [0, 1, 2] and all(len(set(r.ids.tolist())) == 20 for r in got)
+    bank.close()
+
+
+def test_many_lost_rows_are_repaired_and_every_row_checked_again(monkeypatch):
+    # Past REPAIR_FROM, lost rows are re-inserted, which rewires their neighbours; the second check
+    # covers every row, so a row the repair cut off is an orphan, never silently lost.
+    config = BankConfig(dim=DIM, hnsw_connectivity=8)
+    keys = np.arange(3000, dtype=np.uint64)
+    v = clustered(len(keys), 5)
+    calls = []
+    real = graph.unreachable
+
+    def first_reports_many(index, k, vectors, beam):
+        calls.append(len(k))
+        return k[::10] if len(calls) == 1 else real(index, k, vectors, beam)
+    monkeypatch.setattr(graph, "unreachable", first_reports_many)
+    index, orphans, check = build_graph(keys, v, config, threads=2)
+    assert calls == [len(keys), len(keys)] and check.missed == 300 and check.orphans == len(orphans)
+    assert (found(index, keys, v) | np.isin(keys, orphans)).all()

@@ -2,6 +2,8 @@
 // memr1.memory_store.errors, so callers catch one hierarchy whether Python or C++ raised.
 // Long pure-C++ work (searches, checksums, log scans, norms and copies) runs with the GIL released and
 // touches no Python object meanwhile; its inputs are copied or owned by C++ before the release.
+#include <algorithm>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -44,6 +46,13 @@ struct LiveRows {
   State snap;
   std::vector<const Record*> recs;
 };
+
+// A graph may also return its orphans (rows a search for their own vector missed, scored besides the
+// graph's candidates): each row is scored once.
+void unique_rows(std::vector<int64_t>& rows) {
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+}
 
 // A search's `base_rows` argument into `cand`: false for None (every base row is scanned, which a
 // search with graphs may not ask for), true for an array of base rows.
@@ -238,7 +247,9 @@ PYBIND11_MODULE(_core, m) {
         } else {
           State snap = s.fork();  // O(1), made and dropped under the GIL (it changes reference counts)
           py::gil_scoped_release nogil;
+          const size_t orphans = cand.size();
           for (const auto& g : graphs) g->search(query.data(), count, snap, cand);
+          if (orphans) unique_rows(cand);
           hits = snap.search(query.data(), k, code, some ? &cand : nullptr);
         }
         return hits_to_arrays(hits);
@@ -341,6 +352,7 @@ PYBIND11_MODULE(_core, m) {
         for (size_t i = 0; i < n; ++i) {
           std::vector<int64_t> c = cand;
           for (const auto& g : graphs) g->search(q.data() + i * dim, count, snaps[i], c);
+          if (!cand.empty()) unique_rows(c);
           hits[i] = snaps[i].search(q.data() + i * dim, k, code, &c);
         }
       }
