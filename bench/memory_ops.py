@@ -139,8 +139,8 @@ def summary(rows: list[dict]) -> list[str]:
                          f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us{cost}")
         if r["op"] == "build":
             lines.append(f"scale {r['bank_size']:,}: built in {r['s']:.0f} s (RSS {r['rss_mb_before']:,.0f} -> "
-                         f"{r['rss_mb_after']:,.0f} MB), {r.get('graph_lost_after_repair')} rows unreachable, "
-                         f"{r.get('graph_orphans')} orphans")
+                         f"{r['rss_mb_after']:,.0f} MB), {r.get('graph_unreachable')} rows unreachable, "
+                         f"{r.get('graph_orphans')} orphans, {r.get('graph_lost_after_repair')} lost")
         if r["op"] in ("compact", "rss") and r.get("section") == "scale":
             lines.append(f"scale {r['bank_size']:,}: " + (f"compaction {r['s']:.0f} s" if r["op"] == "compact"
                                                           else f"peak RSS {r['peak_rss_mb']:,.0f} MB"))

@@ -3,8 +3,9 @@ where no baseline here fits the time budget of a 2-core machine.
 
 Rows (`section` "scale", `layout` "disk", `phase` as in bench.memory_phases):
 - `build`: from_arrays of the clustered rows (HNSW build, the reachability check and its repairs,
-  the files written), with `graph_lost_after_repair` (a search of every row's own vector after the
-  build: rows no search reaches) and `graph_orphans` (rows left to exact scans), and the process RSS
+  the files written), with `graph_unreachable` (rows a search for their own vector misses, checked
+  again here on the saved graph), `graph_orphans` (rows every search scores exactly) and
+  `graph_lost_after_repair` (unreachable rows that are not orphans: silently lost), and the process RSS
   before and after (`rss_mb_before`, `rss_mb_after`; the f32 rows themselves are 1.5 GB at 1e6 x 384);
 - `search` per phase with recall@k against the float64 truth (bench.memory_truth): `fresh`;
   `after_compact` (the bank after the op rows' compactions, with the few rows since); `after_ops` (a

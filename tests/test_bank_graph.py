@@ -61,7 +61,7 @@ def test_duplicate_vectors_count_as_found():
     keys = np.arange(len(v), dtype=np.uint64)
     index, orphans, _ = build_graph(keys, v, config)
     distinct = np.ones(len(v), bool)
-    distinct[101:250] = False
+    distinct[100:250] = False
     assert (found(index, keys[distinct], v[distinct]) | np.isin(keys[distinct], orphans)).all()
     copies = index.search(v[100], 10)
     assert np.isin(copies.keys, np.arange(100, 250)).all() and (copies.distances <= graph.TIE_DISTANCE).all()
