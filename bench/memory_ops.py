@@ -150,6 +150,42 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def headline(rows: list[dict]) -> dict:
+    """What issue 33 asks the bank's row of the README table to show, at the largest disk size of the
+    phases (and the scale section when it ran): per op kind, p50 and the amortised mean of memr1 and
+    the overlay, compactions counted; search after the same ops, with and without compaction; the
+    overlay's p50 over memr1's per fork-rollout size and group, batched against batched."""
+    head: dict = {}
+    ops = [r for r in rows if r["op"] in (ADD, UPDATE, DELETE) and r["impl"] in ("memr1", "usearch_overlay")
+           and r.get("section") != "scale"]
+    if ops:
+        size = max(r["bank_size"] for r in ops)
+        head["ops"] = {f"{r['impl']}_{r['op']}": {"bank_size": size, "p50_us": r["p50_us"],
+                                                    "amortised_us": r["amortised_us"]}
+                       for r in ops if r["bank_size"] == size}
+    after = {r["impl"]: r for r in rows if r["op"] == "search" and r.get("phase") == "after_ops"
+             and r.get("layout") == "disk" and r.get("section") != "scale"}
+    if after:
+        size = max(r["bank_size"] for r in after.values())
+        head["search_after_ops"] = {impl: {"bank_size": size, "p50_us": r["p50_us"], "recall_at_k": r["recall_at_k"]}
+                                    for impl, r in after.items() if r["bank_size"] == size
+                                    and impl in ("memr1", "memr1_auto_off", "usearch_overlay")}
+    roll = {(r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"] == "fork_rollout"}
+    head["fork_rollout_overlay_over_memr1"] = {
+        f"{size}_G{group}": roll[("usearch_overlay_batched", size, group)] / p50
+        for (impl, size, group), p50 in sorted(roll.items())
+        if impl == "memr1_compacted_batched" and ("usearch_overlay_batched", size, group) in roll}
+    scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}
+    if scale:
+        head["scale"] = {"bank_size": scale[("build", None)]["bank_size"],
+                         "op_p50_us": {k: scale[(k, None)]["p50_us"] for k in (ADD, UPDATE, DELETE, NOOP)},
+                         "op_amortised_us": {k: scale[(k, None)]["amortised_us"] for k in (ADD, UPDATE, DELETE)},
+                         "search_p50_us": scale[("search", "fresh")]["p50_us"],
+                         "recall_at_k": scale[("search", "fresh")]["recall_at_k"],
+                         "lost_rows": scale[("build", None)].get("graph_lost_after_repair")}
+    return head
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller banks, fewer samples, no sweep (a smoke run)")
@@ -218,7 +254,7 @@ def main(argv=None) -> int:
     for line in summary(rows):
         print("  " + line)
     print(f"  ({time.perf_counter() - t0:.0f}s)")
-    write_json(args.json, "memory_ops", rows, settings=settings)
+    write_json(args.json, "memory_ops", rows, headline=headline(rows), settings=settings)
     return 0
 
 

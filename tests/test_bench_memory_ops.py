@@ -203,3 +203,17 @@ def test_scale_section_crosses_the_threshold_once_per_kind_with_measured_recall(
         assert r["n"] == 400 and r["compacted"] >= 1 and r["amortised_us"] > r["mean_us"]  # background compactions
     assert by[("noop", None)]["compacted"] == 0 and by[("compact", None)]["s"] > 0
     assert by[("rss", None)]["peak_rss_mb"] >= by[("build", None)]["rss_mb_after"]
+
+
+@pytest.mark.slow
+def test_quick_run_writes_its_headline_from_its_rows(quick):
+    head, rows = quick["headline"], quick["rows"]
+    size = max(r["bank_size"] for r in rows if r["op"] == "update")
+    for impl in ("memr1", "usearch_overlay"):
+        for kind in ("add", "update", "delete"):
+            got = head["ops"][f"{impl}_{kind}"]
+            r = next(r for r in rows if (r["impl"], r["op"], r["bank_size"]) == (impl, kind, size))
+            assert got == {"bank_size": size, "p50_us": r["p50_us"], "amortised_us": r["amortised_us"]}
+    assert set(head["search_after_ops"]) == {"memr1", "memr1_auto_off", "usearch_overlay"}
+    assert set(head["fork_rollout_overlay_over_memr1"]) == {"1000_G8", "1000_G64", "1000_G512"}
+    assert all(v > 0 for v in head["fork_rollout_overlay_over_memr1"].values()) and "scale" not in head
