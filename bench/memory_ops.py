@@ -163,13 +163,12 @@ def headline(rows: list[dict]) -> dict:
         head["ops"] = {f"{r['impl']}_{r['op']}": {"bank_size": size, "p50_us": r["p50_us"],
                                                     "amortised_us": r["amortised_us"]}
                        for r in ops if r["bank_size"] == size}
-    after = {r["impl"]: r for r in rows if r["op"] == "search" and r.get("phase") == "after_ops"
-             and r.get("layout") == "disk" and r.get("section") != "scale"}
+    after = [r for r in rows if r["op"] == "search" and r.get("phase") == "after_ops" and r.get("layout") == "disk"
+             and r.get("section") != "scale" and r["impl"] in ("memr1", "memr1_auto_off", "usearch_overlay")]
     if after:
-        size = max(r["bank_size"] for r in after.values())
-        head["search_after_ops"] = {impl: {"bank_size": size, "p50_us": r["p50_us"], "recall_at_k": r["recall_at_k"]}
-                                    for impl, r in after.items() if r["bank_size"] == size
-                                    and impl in ("memr1", "memr1_auto_off", "usearch_overlay")}
+        size = max(r["bank_size"] for r in after)
+        head["search_after_ops"] = {r["impl"]: {"bank_size": size, "p50_us": r["p50_us"], "recall_at_k": r["recall_at_k"]}
+                                    for r in after if r["bank_size"] == size}
     roll = {(r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"] == "fork_rollout"}
     head["fork_rollout_overlay_over_memr1"] = {
         f"{size}_G{group}": roll[("usearch_overlay_batched", size, group)] / p50

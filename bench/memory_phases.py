@@ -44,6 +44,18 @@ def graph_check(index, ids: np.ndarray, vectors: np.ndarray, bank) -> dict:
             "graph_orphans": len(orphans)}
 
 
+def saved_graph(bank) -> Path | None:
+    """The graph file a disk bank saved for its one speaker (None: a bank in memory, or no graph)."""
+    return next(Path(bank.path).glob("base-*/hnsw-0.usearch"), None) if bank.path else None
+
+
+def graph_view(path: Path, config) -> Index:
+    """A usearch view of a saved graph, searched at the bank's own beam (as the bank sets its own)."""
+    view = Index.restore(str(path), view=True)
+    view.expansion_search = config.hnsw_expansion_search
+    return view
+
+
 def n_changes(size: int) -> int:
     return min(2000, size // 10)
 
@@ -64,11 +76,10 @@ class Scenario:
             for v in self.vectors:
                 bank.apply(Add("memory", v, "user", "t"))
         self.build_s = {"memr1": time.perf_counter() - t}
-        graph = next(Path(bank.path).glob("base-*/hnsw-0.usearch"), None) if bank.path else None
+        graph = saved_graph(bank)
         ids = np.arange(size, dtype=np.int64)
         t = time.perf_counter()
-        shared = Index.restore(str(graph), view=True) if graph else hnsw_index(config, ids, self.vectors)
-        shared.expansion_search = config.hnsw_expansion_search  # as the bank sets it on its own view
+        shared = graph_view(graph, config) if graph else hnsw_index(config, ids, self.vectors)
         self.build_s["usearch_overlay"] = time.perf_counter() - t
         self.graph = graph_check(shared, ids, self.vectors, bank) if graph else {}
         self.impls = {"memr1": bank, "usearch_overlay": UsearchOverlay(shared, self.vectors, ids, size, oversample,

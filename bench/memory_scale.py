@@ -25,7 +25,7 @@ import numpy as np
 
 from memr1.bench.common import status_mb
 from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, as_memr1, clustered, row, timed
-from memr1.bench.memory_phases import bank_stats, compaction_cost, graph_check
+from memr1.bench.memory_phases import bank_stats, compaction_cost, graph_check, graph_view, saved_graph
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import MemoryBank
 
@@ -84,12 +84,10 @@ def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_searc
 def check(bank, vectors: np.ndarray) -> dict:
     """The reachability of every row in the built graph (bench.memory_phases.graph_check), on the
     graph file the bank wrote."""
-    from usearch.index import Index
-    graph = next(Path(bank.path).glob("base-*/hnsw-0.usearch"), None)
+    graph = saved_graph(bank)
     if graph is None:
         return {}
-    index = Index.restore(str(graph), view=True)
-    return graph_check(index, np.arange(len(vectors), dtype=np.int64), vectors, bank)
+    return graph_check(graph_view(graph, bank.config), np.arange(len(vectors), dtype=np.int64), vectors, bank)
 
 
 def search_row(bank, truth: Truth, queries: np.ndarray, k: int, n_search: int, phase: str, size: int) -> dict:
