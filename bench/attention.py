@@ -17,7 +17,8 @@ states at the response positions, so that every position's gradient flows), forw
 no activation checkpointing. Building each side's attention input (the dense mask; the PrefixLayout) is
 timed apart as `build_ms`, outside the step timer. Before timing, hidden states and input-embedding
 gradients must agree to a relative --tol, else the bench stops. Rounds alternate the order (A,B then
-B,A); rows give the median and spread over --rounds.
+B,A); rows give the median and spread over --rounds. The headline: per group size, dense_mask's median
+step_s over memr1_prefix's.
 """
 from __future__ import annotations
 
@@ -114,6 +115,22 @@ def bench_group(model_path: str, group: int, s: dict, rounds: int, tol: float) -
     return rows
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Per group size, dense_mask's median step_s over memr1_prefix's (above 1: the prefix attention is
+    faster); None where a side is missing or took no time."""
+    from memr1.bench.common import headline_entry
+
+    out = []
+    for g in dict.fromkeys(r["group_size"] for r in rows):
+        by = {r["impl"]: r.get("step_s") for r in rows if r["group_size"] == g}
+        dense, prefix = by.get("dense_mask"), by.get("memr1_prefix")
+        out.append(headline_entry(
+            f"G={g}: dense_mask over memr1_prefix, step_s", dense / prefix if dense is not None and prefix else None,
+            f"memr1_prefix G={g}", f"dense_mask G={g}", "dense_mask's median step_s over memr1_prefix's: one "
+            "forward + backward of the same shared row, fp32"))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="prompt 32, responses 16, group sizes 4, 8")
@@ -135,8 +152,8 @@ def main():
     print_table(rows, ["impl", "group_size", "row_width", "positions", "step_s", "speedup_vs_dense", "build_ms",
                        "hidden_rel_diff", "grad_rel_diff"])
     if args.json:
-        write_json(args.json, "attention", rows, model=args.model, quick=args.quick, shapes=s, rounds=args.rounds,
-                   tol=args.tol, threads=torch.get_num_threads())
+        write_json(args.json, "attention", rows, headline=headline(rows), model=args.model, quick=args.quick,
+                   shapes=s, rounds=args.rounds, tol=args.tol, threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """What every benchmark shares: machine facts, percentiles, a printed table and the JSON contract
-`{"bench": name, "machine": {...}, "rows": [...]}`."""
+`{"bench": name, "machine": {...}, "rows": [...], "headline": [...]}`, whose headline entries are the
+only numbers README.md quotes (python -m memr1.bench.table makes its table from them)."""
 import datetime
 import json
 import os
@@ -94,9 +95,32 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
 
 
-def write_json(path: str, bench: str, rows: list[dict], **extra) -> None:
+HEADLINE_KEYS = ("name", "value", "unit", "better", "ours", "baseline", "what", "target", "met")
+
+
+def headline_entry(name: str, value: float | None, ours: str, baseline: str, what: str, *, unit: str = "x",
+             better: str = "higher", target: float | None = None, **extra) -> dict:
+    """One number the README may quote (bench/table.py tables them): `value` compares the bench's row
+    `ours` with its row `baseline` (labels as its printed table names them). unit "x": a ratio whose
+    side above 1 is memr1's (`what` says which quantity over which); other units ("points", "share")
+    are differences or fractions. `better`: the direction that favours memr1; `target`: the goal an
+    issue set for it, and `met` whether `value` reaches it. None where a value cannot be taken (a
+    side that did not run, a ratio over zero)."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"headline {name!r}: better must be 'higher' or 'lower', not {better!r}")
+    met = None if target is None or value is None else bool(value >= target if better == "higher" else value <= target)
+    return {"name": name, "value": value, "unit": unit, "better": better, "ours": ours, "baseline": baseline,
+            "what": what, "target": target, "met": met, **extra}
+
+
+def write_json(path: str, bench: str, rows: list[dict], headline: list[dict], **extra) -> None:
+    """`headline`: the entries of `headline_entry()` this run measured (at least one, names unique)."""
+    names = [h.get("name") for h in headline]
+    if not headline or len(set(names)) != len(names) or any(set(HEADLINE_KEYS) - h.keys() for h in headline):
+        raise ValueError(f"bench {bench}: its headline must be a non-empty list of headline_entry() entries with "
+                         f"unique names, got {names}")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    payload = {"bench": bench, "machine": machine_info(), "rows": rows, **extra}
+    payload = {"bench": bench, "machine": machine_info(), "rows": rows, "headline": headline, **extra}
     Path(path).write_text(json.dumps(payload, indent=2))
     print(f"wrote {path}")
 

@@ -26,10 +26,11 @@ The formula counts neither attention's sequence-length term nor activation check
 adds that recompute; the lm_head in fact runs on response positions only. The peak defaults to the
 H200's dense bf16 989e12 FLOP/s.
 
-Writes DIR/learner.json ({"bench": "gpu_learner", "machine", "rows": [one per variant], ...}, with the
-top ops of the profiled step) and DIR/learner_trace.json.gz (Chrome trace of one `default` step, CPU +
-CUDA activities, of the first variant; open in Perfetto or chrome://tracing). Prints each variant and the top 15 ops by CUDA
-time (CPU time on CPU).
+Writes DIR/learner.json ({"bench": "gpu_learner", "machine", "rows": [one per variant], "headline": per
+variant its MFU and response tokens/s, ..., with the top ops of the profiled step) and
+DIR/learner_trace.json.gz (Chrome trace of one `default` step, CPU + CUDA activities, of the first
+variant; open in Perfetto or chrome://tracing). Prints each variant and the top 15 ops by CUDA time
+(CPU time on CPU).
 
 --dry: on the CPU, a 2-layer model with the same vocabulary and tokenizer, 2 prompts x 4 completions of
 32 + 16 tokens, 1 warm-up and 2 timed steps: the whole path in seconds (tests/test_gpu_check.py).
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from memr1.bench.common import write_json
+from memr1.bench.common import headline_entry, write_json
 from memr1.bench.learner_trace import profile_step, sync
 
 H200_BF16_DENSE = 989e12
@@ -200,6 +201,23 @@ def run_variant(name: str, args, model: Path, batch, device: torch.device, profi
     return row, prof
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Per variant: its MFU (the formula's model FLOP/s over the peak; no baseline row runs here) and
+    its response tokens/s as measured."""
+    out = []
+    for r in rows:
+        v = r["variant"]
+        out.append(headline_entry(f"{v}: MFU", r.get("mfu"), v, "peak FLOP/s", "model FLOPs per second (6 x GEMM "
+                                  "params x trained positions) over the peak (peak_flops)", unit="share",
+                                  device=r.get("gpu") or r.get("device"), peak_flops=r.get("peak_flops"),
+                                  hfu_with_recompute=r.get("hfu_with_recompute"),
+                                  achieved_tflops=r.get("achieved_tflops")))
+        out.append(headline_entry(f"{v}: response tokens/s", r.get("response_tokens_per_s"), v, "none",
+                                  "response tokens trained per second (median step)", unit="tokens/s",
+                                  device=r.get("gpu") or r.get("device"), positions_per_s=r.get("positions_per_s")))
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -261,8 +279,8 @@ def main(argv=None) -> int:
                                     out if i == 0 and not args.no_profile else None)
             rows.append(row)
             prof = prof or info
-        write_json(str(out / "learner.json"), "gpu_learner", rows, formula=FORMULA, dry=args.dry,
-                   profile=prof, argv=sys.argv[1:])
+        write_json(str(out / "learner.json"), "gpu_learner", rows, headline=headline(rows), formula=FORMULA,
+                   dry=args.dry, profile=prof, argv=sys.argv[1:])
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

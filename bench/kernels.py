@@ -44,7 +44,7 @@ import time
 import torch
 
 from memr1.bench import kernel_baselines as base
-from memr1.bench.common import write_json
+from memr1.bench.common import headline_entry, write_json
 from memr1.kernels import gae, grpo_advantage
 from memr1.kernels._dispatch import native_available, triton_available
 
@@ -151,27 +151,40 @@ def base_impl(impls, compiled: bool):
     return next((i for i in (COMPILED_BASE if compiled else EAGER_BASE) if i in impls), None)
 
 
-def headline(rows):
-    """verl's vectorised time over memr1's, per size and case (above 1: memr1 is faster). The headline
-    is mode-matched: `eager` over eager and `compiled` over compiled (memr1's operator inside a compiled
-    caller). `extra` holds the mixed-mode ratios, never a headline: best over best, verl's eager and
-    compiled times each over memr1's faster path (`*_vs_memr1_best`), and verl over memr1's torch
-    reference path."""
-    out = []
-    cells = {}
+def headline(rows) -> list[dict]:
+    """The ratios issue 33 sets targets on, each baseline's time over memr1's (above 1: memr1 faster).
+    grpo_advantage per size and case, mode-matched: verl's vectorised form over memr1's `auto` path, eager
+    over eager and compiled over compiled (target 1.0 compiled); the mixed-mode ratios ride along in
+    `mixed`, never as a headline. gae: the compiled time loop over memr1's path (target 2.0) and scipy's
+    lfilter. logprobs: TRL's chunked function over memr1's, in time (target 1.0) and peak memory."""
+    out, cells = [], {}
     for r in rows:
-        if r["kernel"] == "grpo_advantage":
-            cells.setdefault((r["size"], r["case"]), {})[r["impl"]] = r["ms"]
-    for (size, case), ms in cells.items():
-        ours = min(v for k, v in ms.items() if k.startswith("memr1"))
-        out.append({"size": size, "case": case,
-                    "eager": ms["verl_vectorised"] / ms[base_impl(ms, compiled=False)],
-                    "compiled": ms["verl_vectorised_compiled"] / ms[base_impl(ms, compiled=True)],
-                    "extra": {"best_vs_best": min(ms["verl_vectorised"], ms["verl_vectorised_compiled"]) / ours,
-                              "eager_vs_memr1_best": ms["verl_vectorised"] / ours,
-                              "compiled_vs_memr1_best": ms["verl_vectorised_compiled"] / ours,
-                              "torch_reference_eager": ms["verl_vectorised"] / ms["memr1_torch"],
-                              "torch_reference_compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"]}})
+        if r["ms"] is not None:
+            cells.setdefault((r["kernel"], str(r["size"]), r.get("case")), {})[r["impl"]] = r
+    for (kernel, size, case), got in cells.items():
+        ms = {k: r["ms"] for k, r in got.items()}
+        eager, compiled = base_impl(ms, compiled=False), base_impl(ms, compiled=True)
+
+        def entry(name, theirs, ours, target=None, key="ms", **extra):
+            if theirs in got and ours in got:
+                out.append(headline_entry(f"{kernel} {size}{' ' + case if case else ''}: {name}",
+                                          got[theirs][key] / got[ours][key], f"{ours} {size}", f"{theirs} {size}",
+                                          f"{theirs}'s {key} over {ours}'s", target=target, **extra))
+        if kernel == "grpo_advantage":
+            best = min(v for k, v in ms.items() if k.startswith("memr1"))
+            entry("eager", "verl_vectorised", eager)
+            entry("compiled", "verl_vectorised_compiled", compiled, target=1.0, mixed={
+                "best_vs_best": min(ms["verl_vectorised"], ms["verl_vectorised_compiled"]) / best,
+                "eager_vs_memr1_best": ms["verl_vectorised"] / best,
+                "compiled_vs_memr1_best": ms["verl_vectorised_compiled"] / best,
+                "torch_reference_eager": ms["verl_vectorised"] / ms["memr1_torch"],
+                "torch_reference_compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"]})
+        elif kernel == "gae":
+            entry("over the compiled loop", "batched_loop_compiled", eager, target=2.0)
+            entry("over scipy lfilter", "scipy_lfilter", eager)
+        elif kernel == "logprobs":
+            entry("time over TRL's chunked", "trl_chunked", eager, target=1.0)
+            entry("peak memory over TRL's chunked", "trl_chunked", eager, target=1.0, key="peak_mb")
     return out
 
 
@@ -300,11 +313,8 @@ def main(argv=None) -> int:
           "compiled row (above 1: memr1 is faster / smaller)")
     heads = headline(rows)
     for h in heads:
-        x = h["extra"]
-        print(f"headline grpo_advantage N={h['size']} {h['case']}: verl vectorised / memr1, mode-matched: eager "
-              f"{h['eager']:.2f}, compiled {h['compiled']:.2f} (extra, mixed modes: best vs best "
-              f"{x['best_vs_best']:.2f}; over memr1's faster path: verl eager {x['eager_vs_memr1_best']:.2f}, "
-              f"verl compiled {x['compiled_vs_memr1_best']:.2f})")
+        print(f"headline {h['name']}: {h['what']} = {h['value']:.2f}"
+              + (f" (mixed modes: best vs best {h['mixed']['best_vs_best']:.2f})" if "mixed" in h else ""))
     if args.json:
         write_json(args.json, "kernels", rows, headline=heads, settings={
             "quick": args.quick, "only": args.only, "device": args.device, "threads": torch.get_num_threads(),

@@ -22,7 +22,10 @@ Every comparison is paired: delta = trained - base, rl_delta = trained - warm (R
 vs_control = trained - control (RL against as much supervised training on the same prompts), each
 with its 95% interval (`*_ci_low`, `*_ci_high`). `minutes` is the run's wall time; the JSON's `phases`
 holds each seed's minutes per stage and per eval, and `op_visibility` the share of train items whose
-reward changes with each op kind (rl/op_probe.py, by the run's trained answer agent).
+reward changes with each op kind (rl/op_probe.py, by the run's trained answer agent). The headline,
+per seed, in points with their intervals: the manager's RL gain under the fixed answerer (goal +3), the
+answer agent's gain over base (goal +15) and against its control, and on LoCoMo val the F1 gain over
+base (goal +5) and the trained pipeline's memories per 10 turns (goal 1), for the rows the run made.
 """
 import argparse
 import hashlib
@@ -32,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from memr1.bench.common import git_commit, print_table, write_json
+from memr1.bench.common import git_commit, headline_entry, print_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo_train_val.json"
@@ -153,6 +156,36 @@ def visibility(run: Path, seed: int, items: int) -> dict:
     return json.loads(out.read_text())["rows"]
 
 
+# (stage, metric, column, ci prefix, ours, baseline, target, what) of each headline entry, in points.
+HEADLINE = (
+    ("manager", "em_fixed_answerer", "rl_delta", "rl_", "trained manager", "warm manager", 3.0,
+     "EM of the trained answer agent on the banks each manager built, trained minus warm: RL's own part"),
+    ("answer", "em", "delta", "", "trained answer agent", "base answer agent", 15.0,
+     "EM on the oracle's banks, trained minus base"),
+    ("answer", "em", "vs_control", "vs_control_", "trained answer agent", "control answer agent", None,
+     "EM on the oracle's banks, trained minus the supervised control on the same prompts"),
+    ("locomo_val", "f1", "delta", "", "trained pipeline", "base pipeline", 5.0, "F1 on LoCoMo val, trained minus base"),
+)
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """The entries of HEADLINE and the trained pipeline's memories per 10 turns on LoCoMo, per seed, for
+    the rows that exist (a value None where the run's summary had none)."""
+    out = []
+    for r in rows:
+        for stage, metric, col, ci, ours, base, target, what in HEADLINE:
+            if (r["stage"], r["metric"]) == (stage, metric):
+                out.append(headline_entry(f"seed {r['seed']}: {stage} {metric}, {ours} - {base}", r.get(col), ours,
+                                          base, what, unit="points", target=target, ci_low=r.get(f"{ci}ci_low"),
+                                          ci_high=r.get(f"{ci}ci_high")))
+        if (r["stage"], r["metric"]) == ("locomo_val", "memories_per_10_turns"):
+            out.append(headline_entry(f"seed {r['seed']}: locomo_val memories_per_10_turns, trained", r.get("trained"),
+                                      "trained pipeline", "none", "memories the trained manager keeps per 10 turns of "
+                                      "LoCoMo val (base and warm beside)", unit="count", target=1.0,
+                                      base=r.get("base"), warm=r.get("warm")))
+    return out
+
+
 def phases(log: str) -> dict:
     """Minutes per stage and per eval, from the run's own log lines."""
     out = {}
@@ -216,9 +249,9 @@ def main(argv=None) -> int:
             rows += got
             timing[seed]["locomo_val"] = round((time.perf_counter() - t0) / 60, 2)
     print_table(rows, [c for c in COLUMNS if c not in ("split", "cluster", "n")])
-    write_json(args.json, "learning", rows, settings={"config": args.config, "seeds": seeds, "stages": stages,
-                                                      "extra": EXTRA, "overrides": args.overrides,
-                                                      "locomo": args.locomo, "probe_items": args.probe_items},
+    write_json(args.json, "learning", rows, headline=headline(rows),
+               settings={"config": args.config, "seeds": seeds, "stages": stages, "extra": EXTRA,
+                         "overrides": args.overrides, "locomo": args.locomo, "probe_items": args.probe_items},
                phases=timing, extras=extras)
     return 0
 

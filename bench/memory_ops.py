@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from memr1.bench.common import print_table, write_json
+from memr1.bench.common import headline_entry, print_table, write_json
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
 from memr1.bench.memory_phases import Scenario, compaction_cost, dirty_sweep_rows, phase_rows
 from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
@@ -150,39 +150,67 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def headline(rows: list[dict]) -> dict:
-    """What issue 33 asks the bank's row of the README table to show, at the largest disk size of the
-    phases (and the scale section when it ran): per op kind, p50 and the amortised mean of memr1 and
-    the overlay, compactions counted; search after the same ops, with and without compaction; the
-    overlay's p50 over memr1's per fork-rollout size and group, batched against batched."""
-    head: dict = {}
-    ops = [r for r in rows if r["op"] in (ADD, UPDATE, DELETE) and r["impl"] in ("memr1", "usearch_overlay")
-           and r.get("section") != "scale"]
-    if ops:
-        size = max(r["bank_size"] for r in ops)
-        head["ops"] = {f"{r['impl']}_{r['op']}": {"bank_size": size, "p50_us": r["p50_us"],
-                                                    "amortised_us": r["amortised_us"]}
-                       for r in ops if r["bank_size"] == size}
-    after = [r for r in rows if r["op"] == "search" and r.get("phase") == "after_ops" and r.get("layout") == "disk"
-             and r.get("section") != "scale" and r["impl"] in ("memr1", "memr1_auto_off", "usearch_overlay")]
-    if after:
-        size = max(r["bank_size"] for r in after)
-        head["search_after_ops"] = {r["impl"]: {"bank_size": size, "p50_us": r["p50_us"], "recall_at_k": r["recall_at_k"]}
-                                    for r in after if r["bank_size"] == size}
+def headline(rows: list[dict]) -> list[dict]:
+    """The entries issue 33 asks of the bank, at the largest disk size of the phases: per op kind the
+    overlay's p50 and amortised mean (compactions included) over memr1's, and memr1's amortised mean of
+    updates and deletes against issue 34's 50 us at 1e5; search after the same ops with and without
+    memr1's compaction; fork rollouts batched against batched; the scale section's op p50, search p50,
+    recall and lost rows against issue 34's targets at 1e6."""
+    out = []
+    ops = largest([r for r in rows if r["op"] in (ADD, UPDATE, DELETE) and r.get("section") != "scale"
+                   and r.get("layout") == "disk" and r["impl"] in ("memr1", "usearch_overlay")], ("impl", "op"))
+    for kind in (ADD, UPDATE, DELETE):
+        if ("memr1", kind) not in ops or ("usearch_overlay", kind) not in ops:
+            continue
+        a, b = ops[("memr1", kind)], ops[("usearch_overlay", kind)]
+        size = a["bank_size"]
+        for stat, key in (("p50", "p50_us"), ("amortised mean", "amortised_us")):
+            out.append(headline_entry(f"{kind} @ {size:,}: {stat}", b[key] / a[key], f"memr1 {kind} {size:,}",
+                                      f"usearch_overlay {kind} {size:,}", f"the overlay's {key} over memr1's",
+                                      memr1_us=a[key], overlay_us=b[key]))
+        if kind != ADD:
+            out.append(headline_entry(f"{kind} @ {size:,}: memr1 amortised mean", a["amortised_us"],
+                                      f"memr1 {kind} {size:,}", "none", "memr1's mean op time, its compactions "
+                                      "included", unit="us", better="lower", target=50.0 if size == 100_000 else None))
+    after = largest([r for r in rows if r["op"] == "search" and r.get("phase") == "after_ops"
+                     and r.get("layout") == "disk" and r.get("section") != "scale"], ("impl",))
+    after = {k[0]: r for k, r in after.items()}
+    for impl, how in (("memr1", "compacting"), ("memr1_auto_off", "not compacting")):
+        if impl in after and "usearch_overlay" in after:
+            a, b = after[impl], after["usearch_overlay"]
+            out.append(headline_entry(f"search after ops @ {a['bank_size']:,}, memr1 {how}",
+                                      b["p50_us"] / a["p50_us"], f"{impl} search after_ops", "usearch_overlay search after_ops",
+                                      "the overlay's search p50 over memr1's after the same ops",
+                                      recall_at_k={impl: a["recall_at_k"], "usearch_overlay": b["recall_at_k"]}))
     roll = {(r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"] == "fork_rollout"}
-    head["fork_rollout_overlay_over_memr1"] = {
-        f"{size}_G{group}": roll[("usearch_overlay_batched", size, group)] / p50
-        for (impl, size, group), p50 in sorted(roll.items())
-        if impl == "memr1_compacted_batched" and ("usearch_overlay_batched", size, group) in roll}
+    for (impl, size, group), p50 in sorted(roll.items()):
+        if impl == "memr1_compacted_batched" and ("usearch_overlay_batched", size, group) in roll:
+            target = {(1000, 64): 3.0, (10_000, 64): 1.5}.get((size, group))
+            theirs = roll[("usearch_overlay_batched", size, group)]
+            out.append(headline_entry(f"fork rollout @ {size:,} G={group}", theirs / p50, f"{impl} {size:,} G={group}", f"usearch_overlay_batched {size:,} G={group}",
+                                      "the overlay's rollout p50 over memr1's, both searching batched", target=target))
     scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}
     if scale:
-        head["scale"] = {"bank_size": scale[("build", None)]["bank_size"],
-                         "op_p50_us": {k: scale[(k, None)]["p50_us"] for k in (ADD, UPDATE, DELETE, NOOP)},
-                         "op_amortised_us": {k: scale[(k, None)]["amortised_us"] for k in (ADD, UPDATE, DELETE)},
-                         "search_p50_us": scale[("search", "fresh")]["p50_us"],
-                         "recall_at_k": scale[("search", "fresh")]["recall_at_k"],
-                         "lost_rows": scale[("build", None)].get("graph_lost_after_repair")}
-    return head
+        size = scale[("build", None)]["bank_size"]
+        p50 = {k: scale[(k, None)]["p50_us"] for k in (ADD, UPDATE, DELETE, NOOP)}
+        search = scale[("search", "fresh")]
+        lost = scale[("build", None)].get("graph_lost_after_repair")
+        out += [headline_entry(f"scale {size:,}: slowest op kind's p50", max(p50.values()), f"memr1 ops {size:,}",
+                               "none", "the largest p50 over add, update, delete and noop", unit="us", better="lower",
+                               target=5.0, p50_us=p50),
+                headline_entry(f"scale {size:,}: search p50", search["p50_us"], f"memr1 search {size:,}", "none",
+                               "search p50 on the fresh bank", unit="us", better="lower", target=2000.0),
+                headline_entry(f"scale {size:,}: recall@10", search["recall_at_k"], f"memr1 search {size:,}",
+                               "exact search", "the share of exact search's top 10 found", unit="share", target=0.95),
+                headline_entry(f"scale {size:,}: rows no search reaches", lost, f"memr1 build {size:,}", "none", "rows neither the graph returns nor kept as orphans",
+                               unit="rows", better="lower", target=0)]
+    return out
+
+
+def largest(rows: list[dict], key: tuple[str, ...]) -> dict:
+    """`rows` at their largest bank size, by the values of `key`."""
+    size = max((r["bank_size"] for r in rows), default=None)
+    return {tuple(r[k] for k in key): r for r in rows if r["bank_size"] == size}
 
 
 def main(argv=None) -> int:

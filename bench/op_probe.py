@@ -6,12 +6,22 @@ The run's manager stage, built as training builds it (its items, guards, frozen 
 run's final answer-agent checkpoint), scores the oracle's reply and each one-mistake reply on N train
 items (the first N of the stage's shuffled walk). Rows: per variant (ADD:skip, ADD:overwrite,
 UPDATE:as_add, DELETE:skip, NONE:add, NONE:update), the items that hold that op kind, the share whose
-reward differs, and the mean outcome score with the oracle's reply and with the mistake.
+reward differs, and the mean outcome score with the oracle's reply and with the mistake. The headline
+is that share per variant: how much of each mistake the reward can see.
 """
 import argparse
 from pathlib import Path
 
-from memr1.bench.common import print_table, write_json
+from memr1.bench.common import headline_entry, print_table, write_json
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """Per variant, the share of its items whose reward differs from the oracle reply's (None where no
+    item holds that op kind)."""
+    return [headline_entry(f"{r['variant']}: reward differs", r.get("share"), r["variant"], "oracle reply",
+                           f"share of the {r.get('items')} items holding this op kind whose manager reward with the "
+                           "one-mistake reply differs from the oracle reply's", unit="share",
+                           items=r.get("items"), differ=r.get("differ")) for r in rows]
 
 
 def main(argv=None) -> int:
@@ -47,8 +57,8 @@ def main(argv=None) -> int:
         items.close()
     rows = [{"variant": v, **found[v]} for v in VARIANTS]
     print_table(rows, ["variant", "items", "differ", "share", "em_oracle", "em_wrong"])
-    write_json(args.json, "op_probe", rows, settings={"run": str(run_dir), "items": len(probe), "answer": str(answer),
-                                                      "reward": cfg.reward.kind})
+    write_json(args.json, "op_probe", rows, headline=headline(rows),
+               settings={"run": str(run_dir), "items": len(probe), "answer": str(answer), "reward": cfg.reward.kind})
     return 0
 
 

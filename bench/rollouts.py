@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from memr1.bench.common import print_table, write_json
+from memr1.bench.common import headline_entry, print_table, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARES = ("generate", "frozen", "bank", "reward", "write", "other")
@@ -109,8 +109,11 @@ def main(argv=None) -> int:
     top = max(rows, key=lambda r: r["group_size"])
     write_json(args.json, "rollouts", rows, settings={"groups": groups, "items": items, "repeats": repeats,
                                                       "order": order, "checkpoint": checkpoint, "quick": args.quick},
-               headline={"bank_reward_share_at_largest_group": top["bank_reward_share"],
-                         "target_at_most": 0.10, "met": top["bank_reward_share"] <= 0.10})
+               headline=[headline_entry(
+                   f"G={top['group_size']}: bank and reward share of wall time", top["bank_reward_share"],
+                   f"G={top['group_size']}", "none", "the share of a rollout job's wall time spent in the bank "
+                   "(retrieval, forks, ops) and in rewards, at the largest group", unit="share", better="lower",
+                   target=0.10, outside_generation=top["outside_generation"])])
     return 0
 
 

@@ -37,6 +37,9 @@ trainers round by round (A,B,C then B,C,A ...), each in its own worker process (
 that holds its model between steps; median and min/max of wall and CPU seconds. Memory: `rss_rise_mb`
 is the peak RSS over the steps minus the RSS right after setup; `peak_rss_mb` the whole process's peak.
 
+The headline, per group size: memr1_noshare's tokens/s over trl_compact's (the same arithmetic: at
+least 1 is the goal) and memr1's over trl's (goal 1.5), None where --trainers left a side out.
+
 TRL is installed without its dependencies (`trl==1.16.0`, Makefile); see bench/trl_stubs.py.
 """
 from __future__ import annotations
@@ -194,6 +197,30 @@ def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: st
     return rows, agreement
 
 
+# (ours, baseline, target, what): the headline's pairs; the targets issue 33 set.
+PAIRS = (("memr1_noshare", "trl_compact", 1.0, "the same batch and the same arithmetic: every sequence its own "
+          "row, the LM head on completion positions only"),
+         ("memr1", "trl", 1.5, "the same batch, each trainer as it ships: memr1 shares each group's prompt"))
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """Per group size, each pair's tokens_per_s ratio (above 1: memr1 is faster), with both sides'
+    head_positions; None where a trainer did not run."""
+    from memr1.bench.common import headline_entry
+
+    out = []
+    for g in dict.fromkeys(r["group_size"] for r in rows):
+        by = {r["trainer"]: r for r in rows if r["group_size"] == g}
+        for ours, base, target, what in PAIRS:
+            a, b = (by.get(t, {}).get("tokens_per_s") for t in (ours, base))
+            heads = {f"{side}_head_positions": by[t]["head_positions"]
+                     for side, t in (("ours", ours), ("baseline", base)) if "head_positions" in by.get(t, {})}
+            out.append(headline_entry(f"G={g}: {ours} over {base}, tokens/s", a / b if a is not None and b else None,
+                                      f"{ours} G={g}", f"{base} G={g}", f"{ours}'s tokens_per_s over {base}'s: {what}",
+                                      target=target, **heads))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 sequences of 32 + 32 tokens, group sizes 4, 8")
@@ -234,8 +261,9 @@ def main():
     print_table(rows, ["trainer", "group_size", "tokens_per_s", "positions", "head_positions", "step_s", "cpu_s",
                        "speedup_vs_trl", "speedup_vs_trl_compact", "cpu_speedup_vs_trl", "peak_rss_mb", "rss_rise_mb"])
     if args.json:
-        write_json(args.json, "train_step", rows, model=args.model, quick=args.quick, agreement=agreement,
-                   settings={str(g): v for g, v in settings.items()}, tol=args.tol, steps=args.steps)
+        write_json(args.json, "train_step", rows, headline=headline(rows), model=args.model, quick=args.quick,
+                   agreement=agreement, settings={str(g): v for g, v in settings.items()}, tol=args.tol,
+                   steps=args.steps)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,12 @@ def check_quick_json(data: dict) -> None:
     # the noskip row computes every group; the others compute exactly the groups with signal
     assert rows["memr1_noskip"]["computed_frac"] == 1.0 and not rows["memr1_noskip"]["settings"]["skip_zero_advantage"]
     assert rows["memr1_staleness0"]["computed_frac"] == rows["memr1_staleness0"]["signal_frac"]
-    assert set(data["headline"]["tiny-random"]) >= {"memr1_staleness0_over_trl_tokens_per_s",
-                                                    "skip_over_noskip_steps_per_s"}
+    head = {h["name"]: h for h in data["headline"]}
+    noskip = head["tiny-random: memr1_noskip over trl, steps/s"]
+    assert noskip["value"] == pytest.approx(rows["memr1_noskip"]["steps_per_s"] / rows["trl"]["steps_per_s"])
+    assert noskip["ours_gen_s"] == rows["memr1_noskip"]["gen_s"] and noskip["trl_train_s"] == rows["trl"]["train_s"]
+    assert noskip["target"] is None  # the 2x target is against TRL with vLLM, not HF generate
+    assert head["tiny-random: skipping equal-reward groups, steps/s"]["value"] == pytest.approx(
+        rows["memr1_staleness0"]["steps_per_s"] / rows["memr1_noskip"]["steps_per_s"])
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]

@@ -59,11 +59,11 @@ def test_tiny_run_writes_rows_agreement_and_headline(tmp_path):
     assert check["checked"] == check["searches"] > 0
     for impl in IMPLS[1:]:
         assert check[f"memr1_vs_{impl}"] == {"same": check["checked"], "tie": 0, "differ": 0}
-    head = data["headline"]
-    assert set(head) == {"memr1_over_pickle_S2", "memr1_over_deepcopy_S2"}
-    h = head["memr1_over_pickle_S2"]
-    assert h["rows"] == ["memr1 S=2", "pickle_snapshots S=2"]
-    assert np.isclose(h["ratio"], rows["memr1"]["episodes_per_s"] / rows["pickle_snapshots"]["episodes_per_s"])
+    head = {h["name"]: h for h in data["headline"]}
+    assert set(head) == {"S=2: memr1 over pickle, episodes/s", "S=2: memr1 over deepcopy, episodes/s"}
+    h = head["S=2: memr1 over pickle, episodes/s"]
+    assert (h["ours"], h["baseline"], h["target"]) == ("memr1 S=2", "pickle_snapshots S=2", None)
+    assert np.isclose(h["value"], rows["memr1"]["episodes_per_s"] / rows["pickle_snapshots"]["episodes_per_s"])
     assert np.isclose(h["snapshot_ratio"], rows["pickle_snapshots"]["snapshot_s"] / rows["memr1"]["snapshot_s"])
     assert [p.name for p in tmp_path.iterdir()] == ["episodes.json"]   # the snapshot files are gone
 
@@ -179,15 +179,16 @@ def test_timed_rollout_splits_the_time_and_restores_what_it_wrapped():
 
 def test_headline_ratios_name_their_rows_and_skip_growth_below_a_page():
     row = lambda eps, snap, growth: {"episodes_per_s": eps, "snapshot_s": snap, "rss_growth_mb": growth}  # noqa: E731
-    head = headline({"memr1": row(40.0, 0.01, 0.001), "pickle_snapshots": row(10.0, 0.5, 2.0),
-                     "deepcopy": row(20.0, 0.1, 8.0)}, 32)
-    assert head["memr1_over_pickle_S32"]["ratio"] == 4.0 and head["memr1_over_deepcopy_S32"]["ratio"] == 2.0
-    assert head["memr1_over_pickle_S32"]["snapshot_ratio"] == 50.0
-    assert head["memr1_over_pickle_S32"]["rss_growth_ratio"] is None   # memr1 grew by less than a page
-    assert head["memr1_over_deepcopy_S32"]["rows"] == ["memr1 S=32", "deepcopy S=32"]
-    head = headline({"memr1": row(40.0, 0.01, 0.5), "pickle_snapshots": row(10.0, 0.5, 2.0),
-                     "deepcopy": row(20.0, 0.1, 8.0)}, 8)
-    assert head["memr1_over_deepcopy_S8"]["rss_growth_ratio"] == 16.0
+    pickle_, deep = headline({"memr1": row(40.0, 0.01, 0.001), "pickle_snapshots": row(10.0, 0.5, 2.0),
+                              "deepcopy": row(20.0, 0.1, 8.0)}, 32)
+    assert pickle_["value"] == 4.0 and deep["value"] == 2.0
+    assert pickle_["target"] == 20.0 and pickle_["met"] is False and deep["target"] is None
+    assert pickle_["snapshot_ratio"] == 50.0
+    assert pickle_["rss_growth_ratio"] is None   # memr1 grew by less than a page
+    assert (deep["ours"], deep["baseline"]) == ("memr1 S=32", "deepcopy S=32")
+    _, deep = headline({"memr1": row(40.0, 0.01, 0.5), "pickle_snapshots": row(10.0, 0.5, 2.0),
+                        "deepcopy": row(20.0, 0.1, 8.0)}, 8)
+    assert deep["rss_growth_ratio"] == 16.0
 
 
 def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(tmp_path, monkeypatch, capsys):

@@ -75,15 +75,19 @@ def test_headline_is_verl_over_memr1_per_mode():
     rows = [{"kernel": "grpo_advantage", "size": 8, "case": "typical", "device": "cpu", "impl": k, "ms": ms}
             for k, ms in (("memr1_torch", 2.0), ("memr1_torch_compiled", 1.0), ("verl_vectorised", 4.0),
                           ("verl_vectorised_compiled", 3.0))]
-    assert headline(rows) == [{"size": 8, "case": "typical", "eager": 2.0, "compiled": 3.0, "extra": {
-        "best_vs_best": 3.0, "eager_vs_memr1_best": 4.0, "compiled_vs_memr1_best": 3.0,
-        "torch_reference_eager": 2.0, "torch_reference_compiled": 3.0}}]
+    eager, compiled = headline(rows)
+    assert (eager["value"], eager["ours"], eager["baseline"], eager["target"]) == (
+        2.0, "memr1_torch 8", "verl_vectorised 8", None)
+    assert (compiled["value"], compiled["ours"], compiled["target"], compiled["met"]) == (
+        3.0, "memr1_torch_compiled 8", 1.0, True)
+    assert compiled["mixed"] == {"best_vs_best": 3.0, "eager_vs_memr1_best": 4.0, "compiled_vs_memr1_best": 3.0,
+                                 "torch_reference_eager": 2.0, "torch_reference_compiled": 3.0}
     # With the C++ path measured, the headline is taken against it: it is what `auto` runs on CPU.
     rows += [{"kernel": "grpo_advantage", "size": 8, "case": "typical", "device": "cpu", "impl": k, "ms": ms}
              for k, ms in (("memr1_native", 0.5), ("memr1_native_compiled", 0.6))]
-    (h,) = headline(rows)
-    assert (h["eager"], h["compiled"], h["extra"]["best_vs_best"]) == (8.0, 5.0, 6.0)
-    x = h["extra"]
+    eager, compiled = headline(rows)
+    assert (eager["value"], compiled["value"], compiled["mixed"]["best_vs_best"]) == (8.0, 5.0, 6.0)
+    x = compiled["mixed"]
     assert (x["eager_vs_memr1_best"], x["compiled_vs_memr1_best"]) == (8.0, 6.0)
     assert (x["torch_reference_eager"], x["torch_reference_compiled"]) == (2.0, 3.0)
     add_ratios(rows)
@@ -102,6 +106,19 @@ def test_quick_gae_run_writes_rows_and_provenance(tmp_path):
     assert impls["memr1_native"]["ms_vs_memr1"] == 1.0  # the C++ path is the row the others are over
     assert data["machine"]["commit"] and data["machine"]["argv"] and data["machine"]["torch"]
     assert data["settings"]["min_calls"] >= 5
+    head = {h["name"]: h for h in data["headline"]}
+    h = head["gae 64x256: over the compiled loop"]
+    assert h["value"] == impls["batched_loop_compiled"]["ms"] / impls["memr1_native"]["ms"] and h["target"] == 2.0
+    assert head["gae 64x256: over scipy lfilter"]["baseline"] == "scipy_lfilter 64x256"
+
+
+def test_logprob_headline_is_trl_chunked_over_memr1_in_time_and_memory():
+    rows = [{"kernel": "logprobs", "size": "B1", "device": "cpu", "impl": k, "ms": ms, "peak_mb": mb}
+            for k, ms, mb in (("memr1_torch", 2.0, 100.0), ("trl_chunked", 3.0, 50.0), ("naive", 9.0, 900.0))]
+    rows.append({"kernel": "logprobs", "size": "B1", "device": "cpu", "impl": "trl_selective_log_softmax", "ms": None})
+    time_, mem = headline(rows)
+    assert (time_["value"], time_["met"], mem["value"], mem["met"]) == (1.5, True, 0.5, False)
+    assert headline(rows[:1]) == []  # TRL not installed: no entry, rather than a ratio over nothing
 
 
 @pytest.mark.slow

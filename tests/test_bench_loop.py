@@ -47,7 +47,10 @@ def test_quick_run_rows_and_provenance(tmp_path):
         lo, hi = r["step_s_spread"]
         assert 0 < lo <= r["step_s"] <= hi and r["gen_s"] > 0 and r["train_s"] > 0
     assert data["rows"][0]["idle_s"] > 0  # synchronous: the learner waits for every rollout
-    assert data["settings"]["order"] == [0, 1, 1, 0] and "tiny-random" in data["headline"]
-    assert data["headline"]["tiny-random"]["async_over_sync_wall_per_step"] > 0
+    assert data["settings"]["order"] == [0, 1, 1, 0]
+    (h,) = data["headline"]
+    sync, lag = data["rows"]
+    assert h["value"] == pytest.approx(sync["wall_per_step_s"] / lag["wall_per_step_s"]) and h["value"] > 0
+    assert (h["ours"], h["baseline"]) == ("max_staleness 1 tiny-random", "max_staleness 0 tiny-random")
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, NumpyBank, UsearchOverlay, clustered, hnsw_index
-from memr1.bench.memory_ops import main
+from memr1.bench.memory_ops import headline, main
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import BankConfig
 
@@ -203,17 +203,29 @@ def test_scale_section_crosses_the_threshold_once_per_kind_with_measured_recall(
         assert r["n"] == 400 and r["compacted"] >= 1 and r["amortised_us"] > r["mean_us"]  # background compactions
     assert by[("noop", None)]["compacted"] == 0 and by[("compact", None)]["s"] > 0
     assert by[("rss", None)]["peak_rss_mb"] >= by[("build", None)]["rss_mb_after"]
+    head = {h["name"]: h for h in headline(rows)}
+    slowest = head["scale 6,000: slowest op kind's p50"]
+    assert slowest["value"] == max(by[(k, None)]["p50_us"] for k in ("add", "update", "delete", "noop"))
+    assert slowest["met"] == (slowest["value"] <= 5.0)
+    assert head["scale 6,000: rows no search reaches"]["value"] == 0 and head["scale 6,000: rows no search reaches"]["met"]
+    assert head["scale 6,000: recall@10"]["value"] == by[("search", "fresh")]["recall_at_k"]
 
 
 @pytest.mark.slow
 def test_quick_run_writes_its_headline_from_its_rows(quick):
-    head, rows = quick["headline"], quick["rows"]
-    size = max(r["bank_size"] for r in rows if r["op"] == "update")
-    for impl in ("memr1", "usearch_overlay"):
-        for kind in ("add", "update", "delete"):
-            got = head["ops"][f"{impl}_{kind}"]
-            r = next(r for r in rows if (r["impl"], r["op"], r["bank_size"]) == (impl, kind, size))
-            assert got == {"bank_size": size, "p50_us": r["p50_us"], "amortised_us": r["amortised_us"]}
-    assert set(head["search_after_ops"]) == {"memr1", "memr1_auto_off", "usearch_overlay"}
-    assert set(head["fork_rollout_overlay_over_memr1"]) == {"1000_G8", "1000_G64", "1000_G512"}
-    assert all(v > 0 for v in head["fork_rollout_overlay_over_memr1"].values()) and "scale" not in head
+    head, rows = {h["name"]: h for h in quick["headline"]}, quick["rows"]
+    size = max(r["bank_size"] for r in rows if r["op"] == "update" and r["layout"] == "disk")
+    find = lambda impl, op, **kw: next(r for r in rows if (r["impl"], r["op"], r["bank_size"]) == (impl, op, size)  # noqa: E731
+                                       and all(r.get(k) == v for k, v in kw.items()))
+    for kind in ("add", "update", "delete"):
+        a, b = find("memr1", kind, layout="disk"), find("usearch_overlay", kind, layout="disk")
+        assert head[f"{kind} @ {size:,}: p50"]["value"] == b["p50_us"] / a["p50_us"]
+        assert head[f"{kind} @ {size:,}: amortised mean"]["value"] == b["amortised_us"] / a["amortised_us"]
+    assert head[f"update @ {size:,}: memr1 amortised mean"]["value"] == find("memr1", "update", layout="disk")["amortised_us"]
+    after = {i: find(i, "search", layout="disk", phase="after_ops") for i in ("memr1", "memr1_auto_off", "usearch_overlay")}
+    assert head[f"search after ops @ {size:,}, memr1 not compacting"]["value"] == (
+        after["usearch_overlay"]["p50_us"] / after["memr1_auto_off"]["p50_us"])
+    rollouts = {n for n in head if n.startswith("fork rollout")}
+    assert rollouts == {"fork rollout @ 1,000 G=8", "fork rollout @ 1,000 G=64", "fork rollout @ 1,000 G=512"}
+    assert head["fork rollout @ 1,000 G=64"]["target"] == 3.0 and all(head[n]["value"] > 0 for n in rollouts)
+    assert not any(n.startswith("scale") for n in head)

@@ -90,7 +90,12 @@ def test_quick_run_rows_and_provenance(tmp_path):
         assert r["settings"]["max_cache_len"] >= r["prompt_tokens_max"] + r["new_tokens"]
         assert r["settings"]["max_cache_len"] < 2 * (r["prompt_tokens_max"] + r["new_tokens"])
     assert next(r for r in gen if r["engine"] == "vllm")["settings"]["prefix_cache"].startswith("on, reset")
-    assert set(data["headline"]) == {"short", "manager", "answer"}
+    head = {h["name"]: h for h in data["headline"]}
+    assert set(head) == {f"{k}: {v} over vllm, seconds" for k in ("short", "manager", "answer")
+                         for v in ("hf_dynamic", "hf_static")} | {"hf: weight update", "vllm: weight update"}
+    by = {(r["prompt_kind"], r["variant"]): r for r in gen}
+    h = head["manager: hf_static over vllm, seconds"]
+    assert h["value"] == pytest.approx(by["manager", "hf_static"]["total_s"] / by["manager", "vllm"]["total_s"])
     assert {r["backend"] for r in data["rows"] if "update_ms" in r} == {"hf", "vllm"}
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["transformers"]

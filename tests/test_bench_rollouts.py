@@ -20,4 +20,5 @@ def test_quick_run_rows_add_up(tiny_model, tmp_path):
         assert all(s >= 0 for s in shares) and sum(shares) == pytest.approx(1.0)
         assert row["outside_generation"] == pytest.approx(1 - shares[0] - shares[1])
         assert row["rollouts_per_s"] == pytest.approx(row["completions"] / row["wall_s"])
-    assert "met" in data["headline"]
+    (h,) = data["headline"]
+    assert h["value"] == data["rows"][1]["bank_reward_share"] and h["met"] == (h["value"] <= 0.10)

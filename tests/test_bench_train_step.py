@@ -1,5 +1,6 @@
 """bench.train_step: the step-1 agreement check, and a --quick run on a tiny model (every trainer in its
-worker, the row keys the issue asks for, the positions each trainer computes, the JSON's provenance)."""
+worker, the row keys the issue asks for, the positions each trainer computes, the JSON's provenance),
+and the headline's tokens/s ratios."""
 import importlib.util
 import json
 import os
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from memr1.bench.train_step import check_agreement
+from memr1.bench.train_step import check_agreement, headline
 
 
 def test_check_agreement_passes_within_tolerance_and_stops_beyond():
@@ -19,6 +20,19 @@ def test_check_agreement_passes_within_tolerance_and_stops_beyond():
         check_agreement({"trl": ref, "memr1_noshare": {"loss": -0.5, "grad_norm": 2.001}}, 1e-4)
     with pytest.raises(AssertionError):
         check_agreement({"trl": ref, "memr1": {"loss": float("nan"), "grad_norm": 2.0}}, 1e-4)
+
+
+def test_headline_pairs_tokens_per_s_and_leaves_a_missing_trainer_none():
+    rows = [{"trainer": "memr1_noshare", "group_size": 4, "tokens_per_s": 200.0, "head_positions": 512},
+            {"trainer": "trl_compact", "group_size": 4, "tokens_per_s": 100.0, "head_positions": 512},
+            {"trainer": "memr1", "group_size": 4, "tokens_per_s": 300.0, "head_positions": 512}]
+    noshare, shared = headline(rows)
+    assert noshare["name"] == "G=4: memr1_noshare over trl_compact, tokens/s" and noshare["value"] == 2.0
+    assert (noshare["ours"], noshare["baseline"]) == ("memr1_noshare G=4", "trl_compact G=4")
+    assert noshare["target"] == 1.0 and noshare["met"] is True
+    assert noshare["ours_head_positions"] == noshare["baseline_head_positions"] == 512
+    assert shared["target"] == 1.5 and shared["value"] is None and shared["met"] is None  # trl did not run
+    assert shared["ours_head_positions"] == 512 and "baseline_head_positions" not in shared
 
 
 @pytest.mark.slow
@@ -58,6 +72,14 @@ def test_quick_run_rows_agreement_and_provenance(tiny_model, tmp_path):
         a = data["agreement"]["4"][name]
         assert a["loss_rel_diff"] <= 1e-4 and a["grad_norm_rel_diff"] <= 1e-4
         assert abs(a["ref_loss"]) > 1e-2  # a loss that is not a near-cancelling sum
+    head = {h["name"]: h for h in data["headline"]}
+    assert set(head) == {"G=4: memr1_noshare over trl_compact, tokens/s", "G=4: memr1 over trl, tokens/s"}
+    for h in head.values():
+        ours, base = (rows[h[side].removesuffix(" G=4")] for side in ("ours", "baseline"))
+        assert h["value"] == pytest.approx(ours["tokens_per_s"] / base["tokens_per_s"])
+        assert h["ours_head_positions"] == ours["head_positions"]
+        assert h["baseline_head_positions"] == base["head_positions"]
+        assert h["met"] == (h["value"] >= h["target"])
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]
     assert data["settings"]["4"]["micro_batch_tokens"] == 8 * 64

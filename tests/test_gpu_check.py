@@ -1,7 +1,7 @@
 """bench/gpu_check.sh --dry: every part of the GPU check (imports without the native bank, a learner step
 with MFU and a profiler trace, HF generation and update_weights, the kernel bench) on the CPU at toy
 sizes, and every file the script promises written, small enough to come back from the device, and
-readable (the JSON results, the gzipped Chrome trace)."""
+readable (the JSON results, the gzipped Chrome trace); the learner's headline is taken from its rows."""
 import gzip
 import json
 import math
@@ -12,6 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from memr1.bench.gpu_learner import headline
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
@@ -90,6 +92,11 @@ def test_learner_step_mfu_and_trace(dry):
     assert row["peak_flops"] == 989e12 and row["hfu_with_recompute"] > row["mfu"] > 0
     assert math.isclose(row["positions_per_s"], row["positions"] / step_s, rel_tol=1e-9)
     assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
+    head = {h["name"]: h for h in result["headline"]}
+    assert set(head) == {"default: MFU", "default: response tokens/s"}
+    assert all(h["ours"] == row["variant"] for h in head.values())
+    assert head["default: MFU"]["value"] == row["mfu"] and head["default: MFU"]["unit"] == "share"
+    assert head["default: response tokens/s"]["value"] == row["response_tokens_per_s"] > 0
     profile = result["profile"]
     top = profile["top_ops"]["cpu_time_total"]
     assert 0 < len(top) <= 15 and all(t["op"] and t["count"] > 0 for t in top)
@@ -97,6 +104,17 @@ def test_learner_step_mfu_and_trace(dry):
         trace = json.load(f)
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
     assert any(e["name"] == "aten::mm" for e in ops) and any("AdamW" in e["name"] for e in trace["traceEvents"])
+
+
+def test_learner_headline_per_variant():
+    rows = [{"variant": "default", "device": "cuda:0", "gpu": "H200", "mfu": 0.25, "peak_flops": 989e12,
+             "response_tokens_per_s": 5000.0},
+            {"variant": "no_ac", "device": "cuda:0", "mfu": None}]
+    mfu, tokens, no_ac_mfu, no_ac_tokens = headline(rows)
+    assert (mfu["name"], mfu["value"], mfu["unit"], mfu["ours"]) == ("default: MFU", 0.25, "share", "default")
+    assert mfu["device"] == "H200" and mfu["peak_flops"] == 989e12
+    assert (tokens["value"], tokens["unit"], tokens["baseline"]) == (5000.0, "tokens/s", "none")
+    assert no_ac_mfu["value"] is None and no_ac_tokens["value"] is None and no_ac_tokens["device"] == "cuda:0"
 
 
 @pytest.mark.slow

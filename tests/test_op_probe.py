@@ -1,6 +1,9 @@
 """rl.op_probe: each one-mistake reply changes the bank the way its name says, against the oracle's
-reply on the same fork; and the probe scores them through ManagerStage.score."""
+reply on the same fork; the probe scores them through ManagerStage.score; bench.op_probe's headline is
+each variant's share of items whose reward differs."""
 from collections import Counter
+
+from memr1.bench.op_probe import headline
 
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
@@ -91,3 +94,16 @@ def test_the_probe_scores_every_variant_through_the_stage():
     for v, r in found.items():
         assert r["items"] == 0 or 0 <= r["differ"] <= r["items"]
     assert any(r["differ"] for r in found.values())   # the F1 of an echo answer does depend on the bank
+    head = headline([{"variant": v, **found[v]} for v in VARIANTS])   # the bench's rows
+    assert [(h["name"], h["ours"], h["baseline"]) for h in head] == [
+        (f"{v}: reward differs", v, "oracle reply") for v in VARIANTS]
+    assert [h["value"] for h in head] == [found[v]["share"] for v in VARIANTS]
+
+
+def test_headline_is_each_variants_share_and_none_without_items():
+    rows = [{"variant": "ADD:skip", "items": 4, "differ": 3, "share": 0.75},
+            {"variant": "DELETE:skip", "items": 0, "differ": 0, "share": None}]
+    add, delete = headline(rows)
+    assert add["value"] == 0.75 and add["unit"] == "share" and add["items"] == 4 and add["differ"] == 3
+    assert (add["ours"], add["baseline"], add["better"]) == ("ADD:skip", "oracle reply", "higher")
+    assert delete["value"] is None and delete["met"] is None

@@ -113,6 +113,15 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
     assert fixed["warm"] == summary["rows"]["trained_answer.warm_manager"]["em"]
     assert fixed["rl_delta"] == summary["comparisons"]["trained - trained_answer.warm_manager"]["em"]["delta"]
     assert fixed["split"] == "test" and fixed["cluster"] == "conversation"
+    from memr1.bench.learning import headline
+    head = {h["name"]: h for h in headline(list(table.values()))}
+    rl = head["seed 0: manager em_fixed_answerer, trained manager - warm manager"]
+    assert (rl["value"], rl["ci_low"], rl["ci_high"]) == (fixed["rl_delta"], fixed["rl_ci_low"], fixed["rl_ci_high"])
+    answer = table[("answer", "em")]
+    assert head["seed 0: answer em, trained answer agent - base answer agent"]["value"] == answer["delta"]
+    control = head["seed 0: answer em, trained answer agent - control answer agent"]
+    assert control["value"] == answer["vs_control"] and control["ci_high"] == answer["vs_control_ci_high"]
+    assert len(head) == 3   # no LoCoMo rows
 
 
 @pytest.mark.slow
@@ -180,6 +189,24 @@ def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeyp
         assert cfg.items.bank_pipeline == "manager" and cfg.loop.validate_every > 0
 
 
+def test_bench_learning_headline_takes_each_entry_from_its_row():
+    from memr1.bench.learning import headline
+    rows = [{"stage": "manager", "seed": 1, "metric": "em_fixed_answerer", "rl_delta": 4.0, "rl_ci_low": 1.0,
+             "rl_ci_high": 7.0, "delta": 9.0},
+            {"stage": "answer", "seed": 1, "metric": "em", "delta": 12.0, "ci_low": 8.0, "ci_high": 16.0,
+             "vs_control": None},
+            {"stage": "locomo_val", "seed": 1, "metric": "f1", "delta": 6.0, "base": 20.0, "trained": 26.0},
+            {"stage": "locomo_val", "seed": 1, "metric": "memories_per_10_turns", "base": 3.0, "trained": 0.5},
+            {"stage": "end_to_end", "seed": 1, "metric": "em", "delta": 1.0}]
+    rl, answer, control, f1, memories = headline(rows)
+    assert (rl["value"], rl["ci_low"], rl["ci_high"], rl["met"]) == (4.0, 1.0, 7.0, True)
+    assert (rl["ours"], rl["baseline"], rl["unit"]) == ("trained manager", "warm manager", "points")
+    assert (answer["value"], answer["ci_low"], answer["target"], answer["met"]) == (12.0, 8.0, 15.0, False)
+    assert control["value"] is None and control["target"] is None and control["met"] is None
+    assert f1["value"] == 6.0 and f1["target"] == 5.0 and f1["met"]
+    assert (memories["value"], memories["unit"], memories["baseline"], memories["met"]) == (0.5, "count", "none", False)
+
+
 def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_path, monkeypatch):
     """--reuse reads a finished seed instead of rerunning it, unless the config's text changed."""
     from memr1.bench import learning
@@ -210,3 +237,10 @@ def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_p
     assert out["phases"]["0"] == {"stage answer": 1.0} and {r["stage"] for r in out["rows"]} == {
         "answer", "manager", "end_to_end"}
     assert '--locomo' not in str(calls[0]) and "eval_split=test" in calls[0]
+    # an empty summary: the rows exist with no values, and so does each of their headline entries
+    assert {h["name"] for h in out["headline"]} == {
+        "seed 0: manager em_fixed_answerer, trained manager - warm manager",
+        "seed 0: answer em, trained answer agent - base answer agent",
+        "seed 0: answer em, trained answer agent - control answer agent"}
+    assert all(h["value"] is None for h in out["headline"])
+    assert {("manager", "em_fixed_answerer"), ("answer", "em")} <= {(r["stage"], r["metric"]) for r in out["rows"]}
