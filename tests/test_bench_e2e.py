@@ -57,7 +57,8 @@ def test_quick_run_rows_and_provenance(tmp_path):
 
 def check_quick_json(data: dict) -> None:
     rows = {r["trainer"]: r for r in data["rows"]}
-    assert set(rows) == set(TRAINERS) and len(data["rows"]) == 4
+    vllm = importlib.util.find_spec("vllm") is not None
+    assert set(rows) == set(TRAINERS) - (set() if vllm else {"trl_vllm"}) and len(data["rows"]) == len(rows)
     keys = {"model", "trainer", "group_size", "tokens_per_s", "steps_per_s", "step_s", "step_s_spread", "steps_timed",
             "response_tokens", "signal_frac", "generation", "settings"}
     for r in rows.values():
@@ -76,11 +77,19 @@ def check_quick_json(data: dict) -> None:
     # the noskip row computes every group; the others compute exactly the groups with signal
     assert rows["memr1_noskip"]["computed_frac"] == 1.0 and not rows["memr1_noskip"]["settings"]["skip_zero_advantage"]
     assert rows["memr1_staleness0"]["computed_frac"] == rows["memr1_staleness0"]["signal_frac"]
+    for t in ("trl", "trl_vllm") if vllm else ("trl",):   # TRL's step split and its computed positions
+        r = rows[t]
+        assert r["gen_s"] > 0 and r["train_s"] > 0 and r["gen_s"] + r["train_s"] <= r["step_s_spread"][1] * 1.001
+        assert r["positions"] > 0 and 0 <= r["padded_frac"] < 1
     head = {h["name"]: h for h in data["headline"]}
     noskip = head["tiny-random: memr1_noskip over trl, steps/s"]
     assert noskip["value"] == pytest.approx(rows["memr1_noskip"]["steps_per_s"] / rows["trl"]["steps_per_s"])
-    assert noskip["ours_gen_s"] == rows["memr1_noskip"]["gen_s"] and noskip["trl_train_s"] == rows["trl"]["train_s"]
+    assert noskip["ours_gen_s"] == rows["memr1_noskip"]["gen_s"] and noskip["theirs_train_s"] == rows["trl"]["train_s"]
     assert noskip["target"] is None  # the 2x target is against TRL with vLLM, not HF generate
+    if vllm:
+        r = rows["trl_vllm"]
+        assert r["generation"] == "vllm" and r["settings"]["use_vllm"] and r["sync_s"] > 0  # reload_sync ran
+        assert head["tiny-random: memr1_noskip over trl_vllm, steps/s"]["target"] == 2.0
     assert head["tiny-random: skipping equal-reward groups, steps/s"]["value"] == pytest.approx(
         rows["memr1_staleness0"]["steps_per_s"] / rows["memr1_noskip"]["steps_per_s"])
     m = data["machine"]
