@@ -23,6 +23,8 @@ such setting). TRL's micro-batches hold as many completions as fit memr1's learn
 Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each from the base weights at
 step 0. Both sides' legs drop their first step (warm-up) only, so an async leg's last step, which has
 nothing left to overlap, is timed too. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
+wall_per_step_s (the headline: per leg, the wall time from the end of its first step to the end of its
+last over the steps between, so an async leg's drain is paid; the median over legs),
 tokens_per_s = the median over steps of completion tokens / step seconds, signal_frac: the share of
 completion tokens in groups whose rewards differ (memr1's learner trains only those unless it is the
 noskip row; TRL computes all), and every trainer's gen_s, train_s and sync_s (TRL's: its `_generate`
@@ -118,14 +120,16 @@ def memr1_steps(metrics: list[dict]) -> list[dict]:
              "gen_s": m["gen_s"], "train_s": m["train_s"], "sync_s": m["sync_s"]} for m in metrics]
 
 
-def make_row(setup: Setup, trainer: str, steps: list[dict], legs: int, generation: str, settings: dict) -> dict:
+def make_row(setup: Setup, trainer: str, steps: list[dict], walls: list[float], generation: str,
+             settings: dict) -> dict:
+    """`walls`: per leg, its wall seconds from the end of its first step to the end of its last, per step."""
     step_s = [m["step_s"] for m in steps]
     med = statistics.median(step_s)
     cfg = setup.stage.cfg
     row = {"model": setup.name, "trainer": trainer, "generation": generation, "group_size": cfg.group_size,
            "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.task.answer.max_new_tokens,
-           "legs": legs, "steps_timed": len(step_s), "step_s": med, "step_s_spread": [min(step_s), max(step_s)],
-           "steps_per_s": 1.0 / med,
+           "legs": len(walls), "steps_timed": len(step_s), "step_s": med, "step_s_spread": [min(step_s), max(step_s)],
+           "steps_per_s": 1.0 / med, "wall_per_step_s": statistics.median(walls),
            "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),
            "response_tokens": statistics.median(m["response_tokens"] for m in steps),
            "signal_frac": statistics.median(m["signal_frac"] for m in steps)}
@@ -141,24 +145,26 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, trainers: tuple[s
         trl = {t: TrlSide(setup.stage, model, setup.settings["lr"], cfg, timed + 2, TRL[t], tmp)
                for t in trainers if t in TRL}
         compared = check_prompts(setup, next(iter(trl.values()))) if trl else 0
-        steps = {t: [] for t in trainers}
-        legs = dict.fromkeys(trainers, 0)
+        steps, walls = {t: [] for t in trainers}, {t: [] for t in trainers}
         order = leg_order(rounds, trainers)
         for i, t in enumerate(order):
             print(f"  {setup.name}: leg {i + 1}/{len(order)}, {t}", flush=True)
-            if t in TRL:
-                steps[t] += trl[t].run_leg(timed + 1)
+            if t in TRL:  # its steps are contiguous (each from the previous one's end): their mean is the wall's
+                got = trl[t].run_leg(timed + 1)
+                wall = sum(m["step_s"] for m in got) / len(got)
             else:
                 staleness, skip = MEMR1[t]
                 setup.make_learner = functools.partial(learner_for, skip)
-                steps[t] += memr1_steps(run_leg(setup, staleness, timed + 1)[0])
-            legs[t] += 1
+                got, wall = run_leg(setup, staleness, timed + 1)
+                got, wall = memr1_steps(got), wall / timed
+            steps[t] += got
+            walls[t].append(wall)
 
         def settings(t):
             if t in TRL:
                 return {**trl[t].config, "longest_prompt": trl[t].longest_prompt, **trl[t].info}
             return {**setup.settings, "max_staleness": MEMR1[t][0], "skip_zero_advantage": MEMR1[t][1]}
-        rows = [make_row(setup, t, steps[t], legs[t], TRL.get(t, setup.settings["backend"]), settings(t))
+        rows = [make_row(setup, t, steps[t], walls[t], TRL.get(t, setup.settings["backend"]), settings(t))
                 for t in trainers]
         del setup, trl
     return rows, {"prompts_checked": compared}
@@ -175,9 +181,11 @@ def headline(rows: list[dict]) -> list[dict]:
             split = {f"{side}_{k}": by[t if side == "ours" else theirs][k]
                      for side in ("ours", "theirs") for k in ("gen_s", "train_s", "sync_s")}
             out.append(headline_entry(
-                f"{name}: {t} over {theirs}, steps/s", by[t]["steps_per_s"] / by[theirs]["steps_per_s"],
-                f"{t} {name}", f"{theirs} {name}", f"{t}'s steps_per_s over {theirs}'s; same prompts, group size, "
-                "token budget and loss", target=2.0 if (t, theirs) == ("memr1_noskip", "trl_vllm") else None,
+                f"{name}: {t} over {theirs}, steps/s", by[theirs]["wall_per_step_s"] / by[t]["wall_per_step_s"],
+                f"{t} {name}", f"{theirs} {name}", f"{theirs}'s wall seconds per step over {t}'s (each leg's first "
+                "step dropped, its last one's drain paid); same prompts, group size, token budget and loss",
+                target=2.0 if (t, theirs) == ("memr1_noskip", "trl_vllm") else None,
+                median_step_ratio=by[theirs]["step_s"] / by[t]["step_s"],
                 theirs_positions=by[theirs]["positions"], theirs_padded_frac=by[theirs]["padded_frac"], **split))
             print(f"  {out[-1]['name']}: {out[-1]['value']:.2f}x (gen/train/sync s: ours "
                   + "/".join(f"{split['ours_' + k] or 0:.1f}" for k in ("gen_s", "train_s", "sync_s")) + ", theirs "
@@ -185,9 +193,9 @@ def headline(rows: list[dict]) -> list[dict]:
         if "memr1_staleness0" in by and "memr1_noskip" in by:
             out.append(headline_entry(
                 f"{name}: skipping equal-reward groups, steps/s",
-                by["memr1_staleness0"]["steps_per_s"] / by["memr1_noskip"]["steps_per_s"], f"memr1_staleness0 {name}",
-                f"memr1_noskip {name}", "memr1_staleness0's steps_per_s over memr1_noskip's: what not computing "
-                "groups without signal saves (TRL computes them)"))
+                by["memr1_noskip"]["wall_per_step_s"] / by["memr1_staleness0"]["wall_per_step_s"],
+                f"memr1_staleness0 {name}", f"memr1_noskip {name}", "memr1_noskip's wall seconds per step over "
+                "memr1_staleness0's: what not computing groups without signal saves (TRL computes them)"))
         if "memr1_staleness0" in by and (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
             print(f"    memr1 trained {frac:.0%} of the completion tokens (the median step's); the rest sat in "
                   f"groups of equal rewards, which give no gradient and which TRL computes anyway")
@@ -226,7 +234,7 @@ def main(argv=None) -> int:
     for name in names:
         got, checks[name] = bench_row(name, args.quick, rounds, timed, trainers, init)
         rows += got
-    print_table(rows, ["model", "trainer", "generation", "group_size", "steps_timed", "step_s", "steps_per_s",
+    print_table(rows, ["model", "trainer", "generation", "group_size", "steps_timed", "step_s", "wall_per_step_s",
                        "tokens_per_s", "response_tokens", "signal_frac", "computed_frac", "gen_s", "train_s",
                        "sync_s", "positions", "padded_frac"])
     write_json(args.json, "e2e", rows, headline=headline(rows),

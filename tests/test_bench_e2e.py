@@ -83,7 +83,11 @@ def check_quick_json(data: dict) -> None:
         assert r["positions"] > 0 and 0 <= r["padded_frac"] < 1
     head = {h["name"]: h for h in data["headline"]}
     noskip = head["tiny-random: memr1_noskip over trl, steps/s"]
-    assert noskip["value"] == pytest.approx(rows["memr1_noskip"]["steps_per_s"] / rows["trl"]["steps_per_s"])
+    assert noskip["value"] == pytest.approx(rows["trl"]["wall_per_step_s"] / rows["memr1_noskip"]["wall_per_step_s"])
+    for r in rows.values():
+        assert r["wall_per_step_s"] > 0
+        if r["trainer"].startswith("trl"):  # contiguous steps: one leg's wall per step is their mean
+            assert r["wall_per_step_s"] == pytest.approx(sum(r["step_s_all"]) / len(r["step_s_all"]))
     assert noskip["ours_gen_s"] == rows["memr1_noskip"]["gen_s"] and noskip["theirs_train_s"] == rows["trl"]["train_s"]
     assert noskip["target"] is None  # the 2x target is against TRL with vLLM, not HF generate
     if vllm:
@@ -91,6 +95,6 @@ def check_quick_json(data: dict) -> None:
         assert r["generation"] == "vllm" and r["settings"]["use_vllm"] and r["sync_s"] > 0  # reload_sync ran
         assert head["tiny-random: memr1_noskip over trl_vllm, steps/s"]["target"] == 2.0
     assert head["tiny-random: skipping equal-reward groups, steps/s"]["value"] == pytest.approx(
-        rows["memr1_staleness0"]["steps_per_s"] / rows["memr1_noskip"]["steps_per_s"])
+        rows["memr1_noskip"]["wall_per_step_s"] / rows["memr1_staleness0"]["wall_per_step_s"])
     m = data["machine"]
     assert m["commit"] and m["time"] and m["argv"] and m["torch"] and m["trl"]
