@@ -34,9 +34,12 @@ def fmt_target(h: dict) -> str:
 
 
 def command(data: dict) -> str:
-    """The bench's command line as it ran (argv[0] is the module's file)."""
-    argv = data["machine"].get("argv") or []
-    return " ".join(["python -m memr1.bench." + data["bench"], *map(shlex.quote, argv[1:])])
+    """The bench's command line as it ran (argv[0] is the module's file), the JSON named by its file name."""
+    argv = list(data["machine"].get("argv") or [])[1:]
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--json":
+            argv[i + 1] = Path(argv[i + 1]).name
+    return " ".join(["python -m memr1.bench." + data["bench"], *map(shlex.quote, argv)])
 
 
 def host(machine: dict) -> str:

@@ -51,7 +51,7 @@ def test_table_has_a_row_per_entry_with_its_provenance(tmp_path, capsys):
         "seed 0: manager RL part", 2.5, "trained manager", "warm manager", "EM points", unit="points", target=3.0,
         ci_low=-0.5, ci_high=5.6)])
     data = json.loads(a.read_text())
-    data["machine"]["argv"] = ["/x/bench/kernels.py", "--quick", "--json", "k.json"]
+    data["machine"]["argv"] = ["/x/bench/kernels.py", "--quick", "--json", "/some/runs/k.json"]
     a.write_text(json.dumps(data))
     out = tmp_path / "t.md"
     assert table.main([str(a), str(b), "--out", str(out)]) == 0

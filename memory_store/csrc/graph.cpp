@@ -123,32 +123,44 @@ size_t Graph::expansion() const { return impl_->index.expansion_search(); }
 
 void Graph::search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const {
   const us::index_dense_t& index = impl_->index;
-  count = std::min(count, index.size());
+  const size_t n = index.size();
+  count = std::min(count, n);
   if (count == 0) return;
-  // Few dead rows (a fork's own few ops): a plain walk for that many more candidates holds `count` live
-  // ones (State::search skips the dead) and costs no liveness lookup per visited node.
+  // A filtered walk looks up every node it visits in the state (hundreds per search); a plain walk
+  // looks up none, and State::search skips the dead rows among its candidates. So walk plainly for a
+  // margin more candidates when that margin is small: the dead rows are few (a fork's own ops: `count`
+  // + that many always hold `count` live ones), or a small share of the base (a bank between
+  // compactions: twice the expected dead candidates plus slack, checked, and walked again filtered in
+  // the rare case the dead cluster near the query).
   const size_t dead = static_cast<size_t>(state.base_dead());
-  const bool plain = dead <= count;
-  std::vector<us::default_key_t> keys(plain ? std::min(count + dead, index.size()) : count);
+  const size_t base = static_cast<size_t>(std::max<int64_t>(state.base_size(), 1));
+  const bool few = dead <= count, rare = dead * 8 <= base;
+  const size_t want = std::min(n, few ? count + dead : count + 2 * ((count * dead + base - 1) / base) + 8);
+  std::vector<us::default_key_t> keys(few || rare ? want : count);
   struct Context {  // returned to the pool however the search ends
     Impl& g;
     size_t id;
     ~Context() { g.release(id); }
   } context{*impl_, impl_->acquire()};
-  auto take = [&](us::index_dense_t::search_result_t& found) {
+  auto dump = [&](us::index_dense_t::search_result_t& found) {
     check(found, "HNSW search");
-    size_t got = found.dump_to(keys.data(), keys.size());
+    return found.dump_to(keys.data(), keys.size());
+  };
+  auto take = [&](size_t got) {
     for (size_t i = 0; i < got; ++i) out.push_back(static_cast<int64_t>(keys[i]));
   };
-  if (plain) {
+  if (few || rare) {
     auto found = index.search(q, keys.size(), context.id);
-    take(found);
-  } else {  // keys are base rows: skip those no longer live in this state
-    auto found = index.filtered_search(q, count, [&](us::default_key_t key) {
-      return state.base_row_live(static_cast<int64_t>(key));
-    }, context.id);
-    take(found);
+    size_t got = dump(found), live = 0;
+    if (!few)
+      for (size_t i = 0; i < got; ++i) live += state.base_row_live(static_cast<int64_t>(keys[i]));
+    if (few || live >= count || got == n) return take(got);
   }
+  // keys are base rows: the walk skips those no longer live in this state
+  auto found = index.filtered_search(q, count, [&](us::default_key_t key) {
+    return state.base_row_live(static_cast<int64_t>(key));
+  }, context.id);
+  take(dump(found));
 }
 
 }  // namespace memr1

@@ -25,9 +25,10 @@ class Graph {
   size_t dim() const;
   size_t expansion() const;
   // Appends to `out` base rows (the graph's keys) nearest `q`, best first, among which `count` are live
-  // in `state` when it has that many: a filtered walk that skips rows it holds deleted or superseded,
-  // or, when it holds at most `count` such rows, a plain walk for `count` + that many (the dead ones are
-  // skipped when re-scored). Thread-safe: each concurrent search takes one of the per-thread contexts.
+  // in `state` when it has that many: a plain walk for a few more candidates when the state holds few
+  // dead base rows (at most `count`) or a small share of them (checked; the dead ones are skipped when
+  // re-scored), else a filtered walk that skips rows it holds deleted or superseded. Thread-safe: each
+  // concurrent search takes one of the per-thread contexts.
   void search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const;
 
   struct Impl;  // graph.cpp: the usearch index and its pool of search contexts
