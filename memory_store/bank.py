@@ -229,7 +229,8 @@ class MemoryBank:
             with self._write:
                 if self._job is None:  # else another thread's op started one meanwhile
                     self._check_writable()
-                    compaction.commit(self, compaction.build(self._core.fork(), self.config, self.path, self._manifest))
+                    compaction.commit(self, compaction.build(self._core.fork(), self.config, self.path, self._manifest,
+                                                             self._segment))
                     return
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":

@@ -48,7 +48,7 @@ def auto(bank) -> None:
         bank._job = Background(bank)
         return
     try:
-        commit(bank, build(bank._core.fork(), bank.config, bank.path, bank._manifest))
+        commit(bank, build(bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment))
     except BankIOError as e:
         failed(bank, e)
         report_failure(bank)
@@ -78,23 +78,25 @@ def live_rows(snap) -> tuple[list[Memory], object]:
     return memories, rows.vectors()
 
 
-def build(snap, config: BankConfig, path, previous: Manifest | None) -> Generation:
-    """The generation after `previous` holding `snap`'s live memories (snap: a fork nobody writes)."""
+def build(snap, config: BankConfig, path, previous: Manifest | None, segment: Segment | None = None) -> Generation:
+    """The generation after `previous` holding `snap`'s live memories (snap: a fork nobody writes);
+    on disk its graphs are carried over from `segment`, previous's base, where they can be (graph.py)."""
     started = time.perf_counter()
     memories, vectors = live_rows(snap)
     manifest = Manifest(FORMAT, VERSION, config, previous.generation + 1 if previous else 1, snap.next_id, snap.lsn,
                         len(memories))
     log = None
     if path is None:
-        segment = memory_segment(vectors, memories, config)
+        base = memory_segment(vectors, memories, config)
     else:
-        manifest = prepare_generation(path, manifest, vectors, memories)
+        manifest = prepare_generation(path, manifest, vectors, memories,
+                                      (previous, segment) if previous and segment is not None else None)
         try:
-            segment, log = open_generation(path, manifest, config, True, memories)
+            base, log = open_generation(path, manifest, config, True, memories)
         except BaseException:
             discard_generation(path, manifest.generation)
             raise
-    return Generation(manifest, segment, snap.rebased(segment.vectors), log, started)
+    return Generation(manifest, base, snap.rebased(base.vectors), log, started)
 
 
 def discard(gen: Generation, path) -> None:
@@ -134,14 +136,14 @@ class Background:
 
     def __init__(self, bank):
         self.recorder = _core.Recorder(bank._log)
-        args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest)
+        args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment)
         self.thread = threading.Thread(target=self._run, args=args, name="memr1-compaction")
         self.thread.start()
 
-    def _run(self, bank, snap, config, path, previous) -> None:
+    def _run(self, bank, snap, config, path, previous, segment) -> None:
         gen = None
         try:
-            gen = build(snap, config, path, previous)
+            gen = build(snap, config, path, previous, segment)
             del snap
             records = self.recorder.records()
             where = f"the ops applied during the compaction of bank {path}"

@@ -1,18 +1,20 @@
-"""A speaker's HNSW graph, built so that every row is found by a search for its own vector.
+"""A speaker's HNSW graph, built (or carried over from the generation before) so that no row is lost.
 
-usearch's multi-threaded insertion sometimes leaves a node that no search reaches (a few per 20k rows
+usearch's multi-threaded insertion sometimes leaves a node that no link leads to (a few per 20k rows
 on 2 threads; none seen single-threaded), and a cluster of identical vectors can cut other nodes off.
-Such a memory is silently lost to the agent that stored it. So every build is checked: each row's
-own vector is searched (a cheap screen at a small beam, then the rows it missed again at the full
-beam and a wider k). A few missing rows (under REPAIR_FROM) become the graph's orphans at once: rows
-every search of that speaker scores exactly besides the graph's candidates, which costs a search a
-few dot products. More are removed and re-inserted; re-insertion rewires the neighbours of the rows
-it links, which can cut off rows that were found before (at 1e6 rows, repairs of a few thousand rows
-left ~1,800 others unreachable), so then every row is screened again and the rows still missing
-become orphans. Nothing changes the graph after the last screen, so every row is found or an orphan.
+Such a memory is silently lost to the agent that stored it. So every graph is checked: the native
+core walks its links of every level from the entry point (csrc/graph.cpp, Graph::unreachable), which
+takes milliseconds at 1e5 rows; the rows it does not reach are exactly the rows a search for their own
+vector misses on the builds tried (tests/test_bank_graph.py compares the two). A few unreached rows
+(under REPAIR_FROM) become the graph's orphans at once: rows every search of that speaker scores
+exactly besides the graph's candidates, which costs a search a few dot products. More are removed and
+re-inserted; re-insertion rewires the neighbours of the rows it links, which can cut off rows that
+were reached before, so the walk then runs again and the rows still unreached become orphans. Nothing
+changes the graph after the last walk, so every row is reachable or an orphan.
 
-A row counts as found when the search returns it, or returns k rows at least as close as an exact
-duplicate would be (a tie: identical vectors that no graph can tell apart, whose texts come back).
+A compaction carries a graph over (`fold_graph`): the previous generation's saved graph with the rows
+that died or changed removed, the surviving rows' keys renamed to their new base rows, and the new and
+changed rows inserted; then the same check. Its cost is in the changed rows, not the bank.
 """
 import logging
 import time
@@ -21,13 +23,11 @@ from typing import NamedTuple
 import numpy as np
 from usearch.index import Index
 
+from memr1.memory_store import _core
+
 log = logging.getLogger(__name__)
 
-SCREEN_K = 10          # the first pass: one search per row at this k and SCREEN_BEAM
-SCREEN_BEAM = 16
-CONFIRM_K = 100        # rows the screen missed, searched again at the configured beam
-TIE_DISTANCE = 1e-4    # cosine distance under which two vectors are the same to a quantised graph
-REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repair (and its second screen)
+REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repair (and its second walk)
 
 
 class GraphCheck(NamedTuple):
@@ -47,37 +47,38 @@ def new_index(config) -> Index:
                  expansion_add=config.hnsw_expansion_add, expansion_search=config.hnsw_expansion_search)
 
 
-def unreachable(index: Index, keys: np.ndarray, vectors: np.ndarray, beam: int) -> np.ndarray:
-    """The keys among `keys` (uint64; `vectors` their rows) that the search for their own vector does
-    not return: screened at k=SCREEN_K and `beam`, confirmed at CONFIRM_K and the index's own beam."""
-    if not len(keys):
-        return keys
-    configured = index.expansion_search
-    index.expansion_search = beam
-    try:
-        found = index.search(vectors, SCREEN_K).keys
-    finally:
-        index.expansion_search = configured
-    missed = np.flatnonzero(~(found.reshape(len(keys), -1) == keys[:, None]).any(1))
-    if not len(missed):
-        return keys[:0]
-    k = min(CONFIRM_K, len(index))
-    again = index.search(vectors[missed], k)
-    ids, dist = again.keys.reshape(len(missed), -1), again.distances.reshape(len(missed), -1)
-    lost = ~(ids == keys[missed][:, None]).any(1)
-    tied = dist[:, -1] <= TIE_DISTANCE if k == CONFIRM_K else np.zeros_like(lost)
-    return keys[missed[lost & ~tied]]
+def lost_rows(index: Index, config) -> np.ndarray:
+    """The uint64 keys of `index` that no search can reach (the native walk over a copy of it)."""
+    if not len(index):
+        return np.empty(0, np.uint64)
+    return _core.Graph.load(index.save(), config.hnsw_expansion_search).unreachable()
 
 
-def reinsert(index: Index, keys: np.ndarray, vectors: np.ndarray, lost: np.ndarray) -> None:
-    """Remove the `lost` keys, then re-insert them on one thread, one after another (each linked from
-    the entry point like any new node). One add call for all of them: usearch grows its key table on
-    every add call, which at 1e6 rows costs ~17 ms a call."""
-    order = np.argsort(keys)
-    rows = order[np.searchsorted(keys, lost, sorter=order)]
+def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
+    """Remove the `lost` keys, then re-insert them (`vectors_of(keys)`: their rows) on one thread, one
+    after another (each linked from the entry point like any new node). One add call for all of them:
+    usearch grows its key table on every add call, which at 1e6 rows costs ~17 ms a call."""
     for key in lost.tolist():
         index.remove(key)
-    index.add(lost, vectors[rows], threads=1)
+    index.add(lost, vectors_of(lost), threads=1)
+
+
+def checked(index: Index, config, vectors_of, started: float) -> tuple[Index, np.ndarray, GraphCheck]:
+    """`index` made whole (module doc) and its orphans (sorted int64 keys)."""
+    built = time.perf_counter()
+    missed = lost_rows(index, config)
+    lost, repaired = missed, 0
+    if len(missed) >= REPAIR_FROM:
+        reinsert(index, missed, vectors_of)
+        lost = lost_rows(index, config)  # every row: the repair rewired neighbours
+        repaired = len(np.setdiff1d(missed, lost))
+    check = GraphCheck(len(index), len(missed), repaired, len(lost), built - started, time.perf_counter() - built)
+    if len(lost) > len(index) // 100:
+        log.warning("HNSW graph of %d rows leaves %d rows to exact scans: its connectivity (%d) is too low "
+                    "for this data", len(index), len(lost), config.hnsw_connectivity)
+    elif len(missed):
+        log.info("HNSW graph of %d rows: %s", len(index), check)
+    return index, np.sort(lost.astype(np.int64)), check
 
 
 def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0
@@ -87,17 +88,25 @@ def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0
     start = time.perf_counter()
     index = new_index(config)
     index.add(keys, vectors, threads=threads)
-    built = time.perf_counter()
-    missed = unreachable(index, keys, vectors, SCREEN_BEAM)
-    lost, repaired = missed, 0
-    if len(missed) >= REPAIR_FROM:
-        reinsert(index, keys, vectors, missed)
-        lost = unreachable(index, keys, vectors, SCREEN_BEAM)  # every row: the repair rewired neighbours
-        repaired = len(np.setdiff1d(missed, lost))
-    check = GraphCheck(len(keys), len(missed), repaired, len(lost), built - start, time.perf_counter() - built)
-    if len(lost) > len(keys) // 100:
-        log.warning("HNSW graph of %d rows leaves %d rows to exact scans: its connectivity (%d) is too low "
-                    "for this data", len(keys), len(lost), config.hnsw_connectivity)
-    elif len(missed):
-        log.info("HNSW graph of %d rows: %s", len(keys), check)
-    return index, np.sort(lost.astype(np.int64)), check
+    order = np.argsort(keys)
+    return checked(index, config, lambda lost: vectors[order[np.searchsorted(keys, lost, sorter=order)]], start)
+
+
+def fold_graph(path, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarray], added: np.ndarray, vectors,
+               config, threads: int = 0) -> tuple[Index, np.ndarray, GraphCheck]:
+    """The graph saved at `path` (the generation before) with the `removed` keys taken out, the keys
+    renamed[0] renamed to renamed[1] (each to a row no higher, in ascending order, so no key is renamed
+    onto one still in use), and the `added` keys inserted; `vectors` (the new base's rows, indexed by
+    key) gives their rows. Checked as a build is. uint64 keys throughout."""
+    start = time.perf_counter()
+    index = Index.restore(str(path))  # a copy in memory: the saved file is never written
+    if index is None or index.ndim != config.dim:
+        raise ValueError(f"{path} is not a usearch index of dim {config.dim}")
+    index.expansion_add, index.expansion_search = config.hnsw_expansion_add, config.hnsw_expansion_search
+    if len(removed):
+        index.remove(removed)
+    if len(renamed[0]):
+        index.rename(renamed[0], renamed[1])
+    if len(added):
+        index.add(added, vectors[added.astype(np.int64)], threads=threads)
+    return checked(index, config, lambda lost: vectors[lost.astype(np.int64)], start)

@@ -154,6 +154,11 @@ class BankConfig(msgspec.Struct, frozen=True):
     # exactly in f32 from the memory-mapped vectors, `hnsw_oversample` x k of them, which restores recall.
     hnsw_dtype: Literal["f32", "f16", "i8"] = "i8"
     hnsw_oversample: Annotated[float, Meta(ge=1.0, le=1000.0)] = 2.0
+    # A compaction of a bank on disk carries each speaker's graph over from the generation before
+    # (its dead and changed rows removed, the new and changed ones inserted: work in the changed rows,
+    # not the bank) unless the changed rows exceed this share of the speaker's rows; then, and for
+    # banks in memory, it builds the graph anew. 0: always anew.
+    hnsw_rebuild_at: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.25
     # Automatic compaction (bank.py) of writable banks; forks and readers never compact on their own.
     # After an op, a bank compacts once its dirty rows (delta rows + dead base rows: what a search scans
     # or skips on top of the base) exceed max(auto_compact_min_rows, auto_compact_ratio x base rows);

@@ -30,7 +30,7 @@ from usearch.index import Index
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError, BankIOError
-from memr1.memory_store.graph import build_graph
+from memr1.memory_store.graph import build_graph, fold_graph
 from memr1.memory_store.records import BankConfig, Memory
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
@@ -80,19 +80,61 @@ class Segment:
                 for m in self.memories]
 
 
-def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig
+class Previous(NamedTuple):
+    """The generation a compaction folds into the next one: its folder, the speakers its graphs are
+    for (hnsw-<i>.usearch: the i-th) and its segment."""
+    folder: Path
+    speakers_indexed: list[str]
+    segment: "Segment"
+
+
+def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
+              config: BankConfig) -> tuple | None:
+    """(path, removed, renamed, added) to carry `speaker`'s graph over from `previous` to the base whose
+    row r holds memory ids[r] and vectors[r] (`keys`: the speaker's rows), or None to build it anew: no
+    graph before, or more changed rows than config.hnsw_rebuild_at of them. A row carries over when
+    the same memory with the same vector is in both bases (ids only grow, so it moves to a row no
+    higher); the rest of the old rows are removed and the rest of the new ones added."""
+    if speaker not in previous.speakers_indexed or config.hnsw_rebuild_at <= 0:
+        return None
+    old = previous.segment
+    old_rows = old.rows_by_speaker.get(speaker, np.empty(0, np.int64))
+    old_ids = np.fromiter((old.memories[r].id for r in old_rows.tolist()), np.int64, len(old_rows))
+    at = np.minimum(np.searchsorted(ids, old_ids), len(ids) - 1)
+    same = ids[at] == old_ids
+    for start in range(0, len(old_rows), 8192):  # vectors compared a slice at a time (the old ones mapped)
+        part = slice(start, start + 8192)
+        hit = np.flatnonzero(same[part]) + start
+        same[hit] = (old.vectors[old_rows[hit]] == vectors[at[hit]]).all(1)
+    same &= np.isin(at, keys)  # still this speaker's (an update keeps the speaker; checked, not assumed)
+    removed, kept_from, kept_to = old_rows[~same], old_rows[same], at[same]
+    added = np.setdiff1d(keys.astype(np.int64), kept_to)
+    if len(removed) + len(added) > config.hnsw_rebuild_at * len(keys):
+        return None
+    path = previous.folder / f"hnsw-{previous.speakers_indexed.index(speaker)}.usearch"
+    u64 = lambda a: a.astype(np.uint64)  # noqa: E731
+    return path, u64(removed), (u64(kept_from), u64(kept_to)), u64(added)
+
+
+def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None
                   ) -> tuple[dict[str, Index], dict[str, list[int]]]:
-    """A graph per speaker with at least `hnsw_threshold` rows, checked so that every row is found
-    (graph.py), and the rows each graph leaves to exact scans (speakers with none are left out)."""
+    """A graph per speaker with at least `hnsw_threshold` rows, checked so that no row is lost
+    (graph.py), carried over from `previous` where it can be (fold_plan), and the rows each graph
+    leaves to exact scans (speakers with none are left out)."""
     by_speaker: dict[str, list[int]] = {}
     for row, m in enumerate(memories):
         by_speaker.setdefault(m.speaker, []).append(row)
+    ids = np.fromiter((m.id for m in memories), np.int64, len(memories)) if previous else None
     indexes, orphans = {}, {}
     for speaker, rows in by_speaker.items():
         if len(rows) < config.hnsw_threshold:
             continue
         keys = np.asarray(rows, dtype=np.uint64)
-        indexes[speaker], lost, _ = build_graph(keys, vectors[keys.astype(np.int64)], config)
+        plan = fold_plan(previous, speaker, keys, ids, vectors, config) if previous else None
+        if plan is not None:
+            indexes[speaker], lost, _ = fold_graph(*plan, vectors, config)
+        else:
+            indexes[speaker], lost, _ = build_graph(keys, vectors[keys.astype(np.int64)], config)
         if len(lost):
             orphans[speaker] = lost.tolist()
     return indexes, orphans
@@ -134,10 +176,11 @@ def encode_memories(memories: list[Memory], rows_per_call: int = 8192) -> bytes:
     return b"".join(parts)
 
 
-def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], config: BankConfig
-                  ) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]]]:
-    """Write a complete segment at `folder` atomically. Returns the speakers that got an HNSW index,
-    each file's (size, CRC32C) and each graph's orphan rows (for the manifest)."""
+def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], config: BankConfig,
+                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]]]:
+    """Write a complete segment at `folder` atomically, its graphs carried over from `previous` where
+    they can be. Returns the speakers that got an HNSW index, each file's (size, CRC32C) and each
+    graph's orphan rows (for the manifest)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -145,7 +188,7 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], con
     with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
         f.write(vectors.data)
     (tmp / "records.msgpack").write_bytes(encode_memories(memories))
-    indexes, orphans = build_indexes(vectors, memories, config)
+    indexes, orphans = build_indexes(vectors, memories, config, previous)
     speakers = sorted(indexes)
     for i, speaker in enumerate(speakers):
         try:

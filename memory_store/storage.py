@@ -24,7 +24,7 @@ from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.manifest import read_manifest, write_manifest
 from memr1.memory_store.records import BankConfig, Manifest
-from memr1.memory_store.segment import fsync_path, open_segment, write_segment
+from memr1.memory_store.segment import Previous, fsync_path, open_segment, write_segment
 
 SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}  # the fsync policies' codes in the native OpLog
 _OPEN_TRIES = 100  # generations a reader may see replaced under it while opening before it gives up
@@ -66,12 +66,18 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
     return manifest
 
 
-def prepare_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
+def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None) -> Manifest:
     """Write base-<gen>/ and an empty log-<gen>.oplog, not committed yet; returns the manifest that
-    commits them (with the segment's files). On failure this call's files are removed (BankIOError)."""
+    commits them (with the segment's files). `previous`: (the generation's manifest, its segment), whose
+    graphs the new ones are carried over from where they can be. On failure this call's files are
+    removed (BankIOError)."""
     gen = manifest.generation
     try:
-        speakers, files, orphans = write_segment(path / f"base-{gen}", vectors, memories, manifest.config)
+        before = None
+        if previous is not None and previous[0].speakers_indexed:
+            old, segment = previous
+            before = Previous(path / f"base-{old.generation}", old.speakers_indexed, segment)
+        speakers, files, orphans = write_segment(path / f"base-{gen}", vectors, memories, manifest.config, before)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)

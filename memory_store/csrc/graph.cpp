@@ -6,6 +6,8 @@
 #include "graph.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -20,6 +22,7 @@ namespace us = unum::usearch;
 
 struct Graph::Impl {
   us::index_dense_t index;
+  size_t entry = 0;  // the entry point's slot, read from the file's header (usearch keeps it private)
   // usearch fails a search that finds no free per-thread context; this pool makes one wait instead.
   std::mutex mu;
   std::condition_variable freed;
@@ -85,6 +88,27 @@ template <class R> void check(R& result, const std::string& what) {
 }
 }  // namespace
 
+// The entry slot of a serialized index_dense_t (`read(offset, out, n)` reads the file's bytes): the
+// matrix header (u32 or u64 rows and bytes per row) and vectors, usearch's 64-byte head (its magic
+// first), then the graph's header of five u64: size, connectivity, connectivity_base, max_level,
+// entry_slot. Both widths are tried; the one whose magic sits where it should and whose graph size
+// matches the rows wins.
+template <class Read> size_t entry_slot(Read&& read, size_t file_size, const std::string& what) {
+  for (size_t width : {size_t(4), size_t(8)}) {
+    uint64_t rows = 0, cols = 0;
+    if (!read(0, &rows, width) || !read(width, &cols, width)) break;
+    const size_t head = 2 * width + rows * cols;
+    if (cols == 0 || rows * cols / cols != rows || head + 64 + 40 > file_size) continue;
+    char magic[7];
+    uint64_t graph[5];
+    if (!read(head, magic, sizeof(magic)) || std::memcmp(magic, "usearch", 7) != 0) continue;
+    if (!read(head + 64, graph, sizeof(graph)) || graph[0] != rows) continue;
+    if (rows && graph[4] >= rows) break;
+    return static_cast<size_t>(graph[4]);
+  }
+  throw LogFormat(what + ": cannot find the graph's entry point in its header");
+}
+
 // The search beam, the i8 cosine above, and a search context per core: more concurrent searches than
 // cores only queue for a free one.
 void prepare(Graph::Impl& g, size_t beam, const std::string& what) {
@@ -104,6 +128,13 @@ std::shared_ptr<Graph> Graph::view(const std::string& path, size_t beam) {
   std::shared_ptr<Graph> g(new Graph);
   auto result = g->impl_->index.view(us::memory_mapped_file_t(path.c_str()));
   check(result, path + " is not a usearch index");
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!file) throw LogFormat(path + ": cannot open it again to read its header");
+  std::fseek(file.get(), 0, SEEK_END);
+  const size_t size = static_cast<size_t>(std::ftell(file.get()));
+  g->impl_->entry = entry_slot([&](size_t at, void* out, size_t n) {
+    return std::fseek(file.get(), static_cast<long>(at), SEEK_SET) == 0 && std::fread(out, 1, n, file.get()) == n;
+  }, size, path);
   prepare(*g->impl_, beam, path);
   return g;
 }
@@ -113,6 +144,11 @@ std::shared_ptr<Graph> Graph::load(const uint8_t* data, size_t n, size_t beam) {
   auto result = g->impl_->index.load(us::memory_mapped_file_t(const_cast<us::byte_t*>(
       reinterpret_cast<const us::byte_t*>(data)), n));  // load() only reads the buffer, then copies
   check(result, "a serialized usearch index");
+  g->impl_->entry = entry_slot([&](size_t at, void* out, size_t k) {
+    if (at + k > n) return false;
+    std::memcpy(out, data + at, k);
+    return true;
+  }, n, "a serialized usearch index");
   prepare(*g->impl_, beam, "a serialized usearch index");
   return g;
 }
@@ -120,6 +156,37 @@ std::shared_ptr<Graph> Graph::load(const uint8_t* data, size_t n, size_t beam) {
 size_t Graph::size() const { return impl_->index.size(); }
 size_t Graph::dim() const { return impl_->index.dimensions(); }
 size_t Graph::expansion() const { return impl_->index.expansion_search(); }
+
+std::vector<uint64_t> Graph::unreachable() const {
+  const us::index_dense_t& index = impl_->index;
+  const us::default_key_t removed = index.free_key();
+  std::vector<us::default_key_t> keys;  // by slot, removed nodes included
+  for (auto it = index.cbegin(); it != index.cend(); ++it) keys.push_back((*it).key);
+  std::vector<char> seen(keys.size(), 0);
+  std::vector<size_t> queue;
+  if (impl_->entry < keys.size()) {
+    seen[impl_->entry] = 1;
+    queue.push_back(impl_->entry);
+  }
+  for (size_t head = 0; head < queue.size(); ++head) {
+    const us::default_key_t key = keys[queue[head]];
+    if (key == removed) continue;  // its links are reached only through its key, which it no longer has
+    for (size_t level = 0, top = index.level_of(key); level <= top; ++level) {
+      const auto links = index.neighbors(key, level);
+      for (auto it = links.begin(); it != links.end(); ++it) {
+        const size_t slot = it.slot();
+        if (slot < seen.size() && !seen[slot]) {
+          seen[slot] = 1;
+          queue.push_back(slot);
+        }
+      }
+    }
+  }
+  std::vector<uint64_t> out;
+  for (size_t slot = 0; slot < keys.size(); ++slot)
+    if (!seen[slot] && keys[slot] != removed) out.push_back(static_cast<uint64_t>(keys[slot]));
+  return out;
+}
 
 void Graph::search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const {
   const us::index_dense_t& index = impl_->index;

@@ -30,6 +30,11 @@ class Graph {
   // re-scored), else a filtered walk that skips rows it holds deleted or superseded. Thread-safe: each
   // concurrent search takes one of the per-thread contexts.
   void search(const float* q, size_t count, const State& state, std::vector<int64_t>& out) const;
+  // The keys of the live nodes that a walk along links of every level from the entry point does not
+  // reach: rows no search can return (a search only ever moves along such links). Removed nodes
+  // (usearch keeps them as tombstones) are not walked through, so a row reached only through one
+  // counts as unreachable (the safe side).
+  std::vector<uint64_t> unreachable() const;
 
   struct Impl;  // graph.cpp: the usearch index and its pool of search contexts
 

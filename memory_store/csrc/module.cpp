@@ -182,6 +182,16 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release nogil;
         return Graph::load(data, n, beam);
       }, py::arg("data"), py::arg("expansion_search"))
+      .def("unreachable", [](const Graph& g) {  // uint64 keys of the live rows no search reaches
+        std::vector<uint64_t> keys;
+        {
+          py::gil_scoped_release nogil;
+          keys = g.unreachable();
+        }
+        py::array_t<uint64_t> out(static_cast<py::ssize_t>(keys.size()));
+        std::copy(keys.begin(), keys.end(), out.mutable_data());
+        return out;
+      })
       .def("__len__", &Graph::size)
       .def_property_readonly("dim", &Graph::dim)
       .def_property_readonly("expansion_search", &Graph::expansion);
