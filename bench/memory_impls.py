@@ -56,17 +56,20 @@ def hnsw_index(config, keys: np.ndarray, vectors: np.ndarray) -> Index:
 
 
 class UsearchOverlay:
-    """`index` keys are rows of `base` (float32, shared, never written); `base_ids` maps a row to its id.
-    With `config`, it compacts itself (a new index over its live rows, inside the op) once its overlay
-    and hidden rows pass memr1's threshold for that base (BankConfig.auto_compact_*); forks never do."""
+    """`index` keys are rows of `base` (float32, shared, never written); `base_ids` maps a row to its id;
+    `removed`: base rows a compaction took out of the index (dead, kept in `base` so no row moves).
+    With `config`, it compacts itself inside the op once its overlay and hidden rows pass memr1's
+    threshold for that base (BankConfig.auto_compact_*), folding them into a copy of its index as memr1
+    folds its graphs (`compact`); forks never do."""
 
     def __init__(self, index: Index, base: np.ndarray, base_ids: np.ndarray, next_id: int, oversample: float,
-                 config=None):
+                 config=None, removed: np.ndarray | None = None):
         self.index, self.base, self.base_ids, self.oversample = index, base, base_ids, oversample
+        self.removed = np.zeros(len(base), bool) if removed is None else removed
         self.config, self.compactions, self.compaction_seconds = config, 0, 0.0
-        self.auto_at = config.auto_compact_threshold(len(base)) if config is not None else None
+        self.auto_at = config.auto_compact_threshold(len(base) - int(self.removed.sum())) if config is not None else None
         self.base_inv = 1.0 / np.linalg.norm(base, axis=1) if len(base) else np.empty(0, np.float32)
-        self.base_row = {int(i): r for r, i in enumerate(base_ids.tolist())}
+        self.base_row = {int(i): r for r, i in enumerate(base_ids.tolist()) if not self.removed[r]}
         self.next_id = next_id
         self.hidden: set[int] = set()          # base rows deleted or superseded
         self.slot: dict[int, int] = {}         # id -> overlay row, for ids that live in the overlay
@@ -153,7 +156,7 @@ class UsearchOverlay:
         return ids[top[scores[top] > -np.inf]]
 
     def live(self) -> tuple[np.ndarray, np.ndarray]:
-        keep = np.ones(len(self.base), bool)
+        keep = ~self.removed
         keep[list(self.hidden)] = False
         mine = np.ones(self.n, bool)
         mine[self.dead] = False
@@ -161,10 +164,28 @@ class UsearchOverlay:
                 np.concatenate([self.base[keep], self.rows[:self.n][mine]]))
 
     def compact(self, config) -> "UsearchOverlay":
-        """The baseline's compaction: a new index over the live rows, with an empty overlay."""
-        ids, vectors = self.live()
-        return UsearchOverlay(hnsw_index(config, np.arange(len(ids)), vectors), vectors, ids, self.next_id,
-                              self.oversample, config if self.auto_at is not None else None)
+        """The baseline's compaction, with an empty overlay after it. As memr1's: incremental while the
+        rows it changes stay within config.hnsw_rebuild_at of the index (a copy of the shared index, which
+        forks still search, with the hidden rows removed and the live overlay rows appended to the base
+        and added), else a new index over the live rows."""
+        mine = np.ones(self.n, bool)
+        mine[self.dead] = False
+        rows, ids = self.rows[:self.n][mine], self.ids[:self.n][mine]
+        hidden = np.fromiter(self.hidden, np.int64, len(self.hidden))
+        if len(hidden) + len(rows) > config.hnsw_rebuild_at * len(self.index):
+            ids, vectors = self.live()
+            return UsearchOverlay(hnsw_index(config, np.arange(len(ids)), vectors), vectors, ids, self.next_id,
+                                  self.oversample, config if self.auto_at is not None else None)
+        index = self.index.copy()
+        if len(hidden):
+            index.remove(hidden.astype(np.uint64))
+        start = len(self.base)
+        if len(rows):
+            index.add(np.arange(start, start + len(rows), dtype=np.uint64), rows)
+        removed = np.concatenate([self.removed, np.zeros(len(rows), bool)])
+        removed[hidden] = True
+        return UsearchOverlay(index, np.concatenate([self.base, rows]), np.concatenate([self.base_ids, ids]),
+                              self.next_id, self.oversample, config if self.auto_at is not None else None, removed)
 
     def stats(self) -> dict:
         return {"delta_rows": self.n - len(self.dead), "dead_rows": len(self.hidden),

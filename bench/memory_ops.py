@@ -11,8 +11,9 @@ HNSW search, to place hnsw_threshold), `scale` (bench.memory_scale: memr1's disk
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
 (fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
-mean. The overlay compacts itself at memr1's threshold too (inside its op: a new index over its live
-rows), and its fork copies only the overlay rows in use. memr1 compacts on its own past its threshold (settings.bank.auto_compact_*): in a background
+mean. The overlay compacts itself at memr1's threshold too (inside its op, folding its overlay into a
+copy of its index as memr1 folds its graphs, or a new index past hnsw_rebuild_at), and its fork copies
+only the overlay rows in use. memr1 compacts on its own past its threshold (settings.bank.auto_compact_*): in a background
 thread by default (auto_compact_background), else inside the timed op that crosses it. `compacted`
 counts the compactions the timed calls caused (waited for outside the timer), `compaction_s` their wall
 time, and `amortised_us` the mean with that time added, whoever paid it.

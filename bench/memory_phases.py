@@ -3,7 +3,7 @@ the float64 truth (bench.memory_impls) for every impl and phase.
 
 Phases (row key `phase`): `fresh` (as built); `after_ops` (n updates of base rows, then n deletes of
 other base rows, n = min(2,000, size / 10)); `after_compact` (each impl folded its changes into a new
-base: memr1's compact(), a rebuilt index for the overlay, the dead rows dropped for numpy; usearch used
+base: memr1's compact(), the overlay's (incremental as memr1's), the dead rows dropped for numpy; usearch used
 as the bank has no compaction, so it has no such row). memr1 compacts on its own past its
 BankConfig.auto_compact_* threshold (`auto_compact_at` rows, `compactions` so far); `memr1_auto_off` is
 a fork of the fresh bank given the same ops, which never compacts on its own: the bank without the

@@ -3,6 +3,7 @@ every row layout the issue asks for (phases with automatic compaction on and off
 rollouts, threads) with measured recall."""
 import json
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -61,9 +62,23 @@ def test_baselines_reflect_every_op_and_forks_stay_apart(impl):
     if impl == "numpy":
         compacted = fork.compact()
         assert recall([compacted.search(q, 10) for q in queries], want, 10) == 1.0
-    else:
-        compacted = fork.compact(config)
-        assert recall([compacted.search(q, 10) for q in queries], want, 10) >= 0.9
+    else:  # rebuilt, and folded into a copy of its index (twice: the rows the first fold removed stay out)
+        live = lambda t: len(base) + sum(1 for v in t.changed.values() if v is not None) - \
+            sum(1 for i, v in t.changed.items() if i < len(base))  # noqa: E731
+        for rebuild_at in (0.0, 1.0):
+            compacted = fork.compact(msgspec.structs.replace(config, hnsw_rebuild_at=rebuild_at))
+            assert recall([compacted.search(q, 10) for q in queries], want, 10) >= 0.9
+            assert len(compacted.index) == live(truth) and compacted.n == 0
+        again, truth2, pool2 = compacted.fork(), truth.fork(), clustered(60, seed=6)
+        for op in [(UPDATE, i, pool2[i - 40]) for i in range(40, 80, 2)] + [(DELETE, i, None) for i in range(41, 81, 2)] + \
+                [(ADD, None, pool2[40 + i]) for i in range(10)]:
+            truth2.apply(op)
+            again.apply(op)
+        want2 = truth_topk(queries, [truth2] * len(queries), 10)
+        for rebuild_at in (1.0, 0.0):   # a rebuild after a fold holds no row the fold removed
+            twice = again.compact(msgspec.structs.replace(config, hnsw_rebuild_at=rebuild_at))
+            assert recall([twice.search(q, 10) for q in queries], want2, 10) >= 0.9
+            assert len(twice.index) == live(truth2) and len(root.index) == 500   # the root's index untouched
 
 
 def test_recall_is_measured_not_assumed():
