@@ -16,6 +16,7 @@ A compaction carries a graph over (`fold_graph`): the previous generation's save
 that died or changed removed, the surviving rows' keys renamed to their new base rows, and the new and
 changed rows inserted; then the same check. Its cost is in the changed rows, not the bank.
 """
+import errno
 import logging
 import time
 from typing import NamedTuple
@@ -24,6 +25,7 @@ import numpy as np
 from usearch.index import Index
 
 from memr1.memory_store import _core
+from memr1.memory_store.errors import BankFormatError, BankIOError
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,30 @@ def new_index(config) -> Index:
                  expansion_add=config.hnsw_expansion_add, expansion_search=config.hnsw_expansion_search)
 
 
-def lost_rows(index: Index, config) -> np.ndarray:
-    """The uint64 keys of `index` that no search can reach (the native walk over a copy of it)."""
-    if not len(index):
-        return np.empty(0, np.uint64)
-    return _core.Graph.load(index.save(), config.hnsw_expansion_search).unreachable()
+class Built(NamedTuple):
+    """A checked graph: the usearch index, the native graph searches use (graph.h), its orphans (sorted
+    int64 keys the graph does not reach, scored exactly on every search) and what the check found."""
+    index: Index
+    graph: object
+    orphans: np.ndarray
+    check: GraphCheck
+
+
+def native(index: Index, config, path=None):
+    """The native graph of `index`: saved at `path` and memory-mapped from there (the file a segment
+    keeps), or, with no path, a copy of its serialized bytes (a segment in memory)."""
+    if path is None:
+        return _core.Graph.load(index.save(), config.hnsw_expansion_search)
+    try:
+        index.save(str(path))
+    except RuntimeError as e:  # usearch reports a failed write (a full disk) this way
+        raise BankIOError(f"cannot write {path}: {e}", errno.EIO) from None
+    return _core.Graph.view(str(path), config.hnsw_expansion_search)
+
+
+def lost_rows(index: Index, graph) -> np.ndarray:
+    """The uint64 keys of `index` that no search can reach: the native walk over its links (`graph`)."""
+    return graph.unreachable() if len(index) else np.empty(0, np.uint64)
 
 
 def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
@@ -63,14 +84,17 @@ def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
     index.add(lost, vectors_of(lost), threads=1)
 
 
-def checked(index: Index, config, vectors_of, started: float) -> tuple[Index, np.ndarray, GraphCheck]:
-    """`index` made whole (module doc) and its orphans (sorted int64 keys)."""
+def checked(index: Index, config, vectors_of, started: float, path=None) -> Built:
+    """`index` made whole (module doc), saved at `path` if given (native)."""
     built = time.perf_counter()
-    missed = lost_rows(index, config)
+    graph = native(index, config, path)
+    missed = lost_rows(index, graph)
     lost, repaired = missed, 0
     if len(missed) >= REPAIR_FROM:
+        graph = None  # its mapping of `path` goes before the file is written again
         reinsert(index, missed, vectors_of)
-        lost = lost_rows(index, config)  # every row: the repair rewired neighbours
+        graph = native(index, config, path)
+        lost = lost_rows(index, graph)  # every row: the repair rewired neighbours
         repaired = len(np.setdiff1d(missed, lost))
     check = GraphCheck(len(index), len(missed), repaired, len(lost), built - started, time.perf_counter() - built)
     if len(lost) > len(index) // 100:
@@ -78,30 +102,30 @@ def checked(index: Index, config, vectors_of, started: float) -> tuple[Index, np
                     "for this data", len(index), len(lost), config.hnsw_connectivity)
     elif len(missed):
         log.info("HNSW graph of %d rows: %s", len(index), check)
-    return index, np.sort(lost.astype(np.int64)), check
+    return Built(index, graph, np.sort(lost.astype(np.int64)), check)
 
 
-def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0
-                ) -> tuple[Index, np.ndarray, GraphCheck]:
-    """A graph over `keys` (uint64 base rows) and their `vectors`, and its orphans (int64 keys the graph
-    does not return, to be scored exactly on every search); `threads`: 0 for all cores."""
+def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0, path=None) -> Built:
+    """A graph over `keys` (uint64 base rows) and their `vectors`, checked (and saved at `path`, if
+    given); `threads`: 0 for all cores."""
     start = time.perf_counter()
     index = new_index(config)
     index.add(keys, vectors, threads=threads)
     order = np.argsort(keys)
-    return checked(index, config, lambda lost: vectors[order[np.searchsorted(keys, lost, sorter=order)]], start)
+    return checked(index, config, lambda lost: vectors[order[np.searchsorted(keys, lost, sorter=order)]], start,
+                   path)
 
 
-def fold_graph(path, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarray], added: np.ndarray, vectors,
-               config, threads: int = 0) -> tuple[Index, np.ndarray, GraphCheck]:
-    """The graph saved at `path` (the generation before) with the `removed` keys taken out, the keys
+def fold_graph(before, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarray], added: np.ndarray, vectors,
+               config, threads: int = 0, path=None) -> Built:
+    """The graph saved at `before` (the generation before) with the `removed` keys taken out, the keys
     renamed[0] renamed to renamed[1] (each to a row no higher, in ascending order, so no key is renamed
     onto one still in use), and the `added` keys inserted; `vectors` (the new base's rows, indexed by
-    key) gives their rows. Checked as a build is. uint64 keys throughout."""
+    key) gives their rows. Checked (and saved at `path`) as a build is. uint64 keys throughout."""
     start = time.perf_counter()
-    index = Index.restore(str(path))  # a copy in memory: the saved file is never written
+    index = Index.restore(str(before))  # a copy in memory: the saved file is never written
     if index is None or index.ndim != config.dim:
-        raise ValueError(f"{path} is not a usearch index of dim {config.dim}")
+        raise BankFormatError(f"{before} is not a usearch index of dim {config.dim}")
     index.expansion_add, index.expansion_search = config.hnsw_expansion_add, config.hnsw_expansion_search
     if len(removed):
         index.remove(removed)
@@ -109,4 +133,4 @@ def fold_graph(path, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarray]
         index.rename(renamed[0], renamed[1])
     if len(added):
         index.add(added, vectors[added.astype(np.int64)], threads=threads)
-    return checked(index, config, lambda lost: vectors[lost.astype(np.int64)], start)
+    return checked(index, config, lambda lost: vectors[lost.astype(np.int64)], start, path)

@@ -8,7 +8,7 @@ Segment files are never modified or truncated once renamed into place, so a mapp
 for as long as it lives, even after the writer deletes the file.
 """
 import ctypes
-import errno
+import functools
 import os
 import shutil
 import stat
@@ -26,7 +26,7 @@ try:
     ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 except OSError:
     pass
-from usearch.index import Index
+import usearch.index  # noqa: F401,E402 - usearch after the system libstdc++, above
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError, BankIOError
@@ -68,6 +68,11 @@ class Segment:
     def __len__(self) -> int:
         return len(self.memories)
 
+    @functools.cached_property
+    def versions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(id, updated) of each row, int64: a memory whose pair is unchanged has the same vector."""
+        return versions(self.memories)
+
     def plan(self, speaker: str | None) -> tuple[np.ndarray | None, list]:
         """(base rows scored exactly, graphs whose candidates are scored too) for a search of `speaker`;
         (None, []) when the base has no graph: then every base row is scanned."""
@@ -88,25 +93,27 @@ class Previous(NamedTuple):
     segment: "Segment"
 
 
-def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
+def versions(memories: list[Memory]) -> tuple[np.ndarray, np.ndarray]:
+    n = len(memories)
+    return (np.fromiter((m.id for m in memories), np.int64, n), np.fromiter((m.updated for m in memories), np.int64, n))
+
+
+def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.ndarray, np.ndarray],
               config: BankConfig) -> tuple | None:
     """(path, removed, renamed, added) to carry `speaker`'s graph over from `previous` to the base whose
-    row r holds memory ids[r] and vectors[r] (`keys`: the speaker's rows), or None to build it anew: no
-    graph before, or more changed rows than config.hnsw_rebuild_at of them. A row carries over when
-    the same memory with the same vector is in both bases (ids only grow, so it moves to a row no
-    higher); the rest of the old rows are removed and the rest of the new ones added."""
+    row r holds new[0][r] (ids) at new[1][r] (their `updated`), `keys` the speaker's rows; or None to
+    build it anew: no graph before, or more changed rows than config.hnsw_rebuild_at of them. A row
+    carries over when the same memory, not updated since, is in both bases (ids only grow, so it moves
+    to a row no higher); the rest of the old rows are removed and the rest of the new ones added."""
     if speaker not in previous.speakers_indexed or config.hnsw_rebuild_at <= 0:
         return None
-    old = previous.segment
-    old_rows = old.rows_by_speaker.get(speaker, np.empty(0, np.int64))
-    old_ids = np.fromiter((old.memories[r].id for r in old_rows.tolist()), np.int64, len(old_rows))
+    ids, updated = new
+    old_rows = previous.segment.rows_by_speaker.get(speaker, np.empty(0, np.int64))
+    old_ids, old_updated = (a[old_rows] for a in previous.segment.versions)
     at = np.minimum(np.searchsorted(ids, old_ids), len(ids) - 1)
-    same = ids[at] == old_ids
-    for start in range(0, len(old_rows), 8192):  # vectors compared a slice at a time (the old ones mapped)
-        part = slice(start, start + 8192)
-        hit = np.flatnonzero(same[part]) + start
-        same[hit] = (old.vectors[old_rows[hit]] == vectors[at[hit]]).all(1)
-    same &= np.isin(at, keys)  # still this speaker's (an update keeps the speaker; checked, not assumed)
+    mine = np.zeros(len(ids), bool)
+    mine[keys.astype(np.int64)] = True   # an update keeps the speaker; checked, not assumed
+    same = (ids[at] == old_ids) & (updated[at] == old_updated) & mine[at]
     removed, kept_from, kept_to = old_rows[~same], old_rows[same], at[same]
     added = np.setdiff1d(keys.astype(np.int64), kept_to)
     if len(removed) + len(added) > config.hnsw_rebuild_at * len(keys):
@@ -116,28 +123,30 @@ def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, ids: np.ndarra
     return path, u64(removed), (u64(kept_from), u64(kept_to)), u64(added)
 
 
-def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None
-                  ) -> tuple[dict[str, Index], dict[str, list[int]]]:
+def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None,
+                  folder: Path | None = None) -> tuple[dict[str, "_core.Graph"], dict[str, list[int]]]:
     """A graph per speaker with at least `hnsw_threshold` rows, checked so that no row is lost
-    (graph.py), carried over from `previous` where it can be (fold_plan), and the rows each graph
-    leaves to exact scans (speakers with none are left out)."""
+    (graph.py), carried over from `previous` where it can be (fold_plan), saved in `folder` (the i-th
+    speaker in order as hnsw-<i>.usearch) or kept in memory; the native graphs and the rows each leaves
+    to exact scans (speakers with none are left out)."""
     by_speaker: dict[str, list[int]] = {}
     for row, m in enumerate(memories):
         by_speaker.setdefault(m.speaker, []).append(row)
-    ids = np.fromiter((m.id for m in memories), np.int64, len(memories)) if previous else None
-    indexes, orphans = {}, {}
-    for speaker, rows in by_speaker.items():
-        if len(rows) < config.hnsw_threshold:
-            continue
-        keys = np.asarray(rows, dtype=np.uint64)
-        plan = fold_plan(previous, speaker, keys, ids, vectors, config) if previous else None
+    indexed = sorted(s for s, rows in by_speaker.items() if len(rows) >= config.hnsw_threshold)
+    new = versions(memories) if previous else None
+    graphs, orphans = {}, {}
+    for i, speaker in enumerate(indexed):
+        keys = np.asarray(by_speaker[speaker], dtype=np.uint64)
+        path = folder / f"hnsw-{i}.usearch" if folder is not None else None
+        plan = fold_plan(previous, speaker, keys, new, config) if previous else None
         if plan is not None:
-            indexes[speaker], lost, _ = fold_graph(*plan, vectors, config)
+            built = fold_graph(*plan, vectors, config, path=path)
         else:
-            indexes[speaker], lost, _ = build_graph(keys, vectors[keys.astype(np.int64)], config)
-        if len(lost):
-            orphans[speaker] = lost.tolist()
-    return indexes, orphans
+            built = build_graph(keys, vectors[keys.astype(np.int64)], config, path=path)
+        graphs[speaker] = built.graph
+        if len(built.orphans):
+            orphans[speaker] = built.orphans.tolist()
+    return graphs, orphans
 
 
 def fsync_path(path: Path) -> None:
@@ -188,13 +197,9 @@ def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], con
     with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
         f.write(vectors.data)
     (tmp / "records.msgpack").write_bytes(encode_memories(memories))
-    indexes, orphans = build_indexes(vectors, memories, config, previous)
-    speakers = sorted(indexes)
-    for i, speaker in enumerate(speakers):
-        try:
-            indexes[speaker].save(str(tmp / f"hnsw-{i}.usearch"))
-        except RuntimeError as e:  # usearch reports a failed write (a full disk) this way
-            raise BankIOError(f"cannot write {tmp / f'hnsw-{i}.usearch'}: {e}", errno.EIO) from None
+    graphs, orphans = build_indexes(vectors, memories, config, previous, tmp)
+    speakers = sorted(graphs)
+    del graphs  # their mappings of the files: the segment opens its own
     files = {f.name: _core.file_crc32c(str(f)) for f in sorted(tmp.iterdir())}
     for f in tmp.iterdir():
         fsync_path(f)
@@ -272,13 +277,8 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    indexes, orphans = build_indexes(vectors, memories, config)
-    return Segment(vectors, memories, {s: as_graph(index, config) for s, index in indexes.items()}, orphans)
-
-
-def as_graph(index: Index, config: BankConfig) -> "_core.Graph":
-    """The native search graph of an index built in memory (a copy of its serialized bytes)."""
-    return _core.Graph.load(index.save(), config.hnsw_expansion_search)
+    graphs, orphans = build_indexes(vectors, memories, config)
+    return Segment(vectors, memories, graphs, orphans)
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):

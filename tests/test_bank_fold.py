@@ -70,7 +70,7 @@ def test_a_compaction_folds_the_graph_into_what_a_rebuild_holds(tmp_path, monkey
         # every live memory is found by a search for its own vector, as in a rebuilt bank
         memories, vectors = bank._segment.memories, bank._segment.vectors   # all of it: compacted
         hits = sum(int(bank.search(vec, 1, speaker=m.speaker).ids[0]) == m.id for m, vec in zip(memories, vectors))
-        assert hits >= len(memories) - 2
+        assert hits >= len(memories) - max(2, len(memories) // 1000)
     bank.close()
     reopened = MemoryBank.open(tmp_path / "b", "r")   # the folded files pass the checksums and open
     assert len(reopened) == len(memories) and int(reopened.search(vectors[0], 1).ids[0]) == memories[0].id
@@ -105,9 +105,9 @@ def test_a_fold_that_loses_many_rows_repairs_them(tmp_path, monkeypatch):
         bank.apply(Add(f"new {j}", v[n + j], "A", "t"))
     real, seen = graph.lost_rows, []
 
-    def first_reports_many(index, config):
+    def first_reports_many(index, native):
         seen.append(len(index))
-        return np.sort(np.asarray(index.keys))[::10] if len(seen) == 1 else real(index, config)
+        return np.sort(np.asarray(index.keys))[::10] if len(seen) == 1 else real(index, native)
     monkeypatch.setattr(graph, "lost_rows", first_reports_many)
     bank.compact()
     assert seen == [n + 100, n + 100]
