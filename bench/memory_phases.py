@@ -7,10 +7,10 @@ base: memr1's compact(), the overlay's (incremental as memr1's), the dead rows d
 as the bank has no compaction, so it has no such row). memr1 compacts on its own past its
 BankConfig.auto_compact_* threshold (`auto_compact_at` rows, `compactions` so far); `memr1_auto_off` is
 a fork of the fresh bank given the same ops, which never compacts on its own: the bank without the
-policy. memr1's fresh disk row also checks the built graph by a search of every row's own vector
-(`unreachable`, outside build_s: the build's own check walks the graph's links) and reports what it
-misses (`graph_unreachable`, `graph_lost_after_repair`) and its time, `graph_check_s`; the usearch impls
-open the same checked graph. Each cost is timed where it lands: search per phase, `compact` per impl and size, memr1's
+policy. memr1's fresh disk row also gives `graph_check_s`, the time of a search of every row's own
+vector (outside build_s, which pays its own check: memory_store/graph.py), and what that search misses
+on the built graph (`graph_unreachable`, `graph_lost_after_repair`); the usearch impls open the same
+checked graph. Each cost is timed where it lands: search per phase, `compact` per impl and size, memr1's
 after_ops ops one by one (`phase_ops`: p50, p99, max and mean, compactions included), the other ops in
 bench.memory_ops' op rows. `search_vs_dirty` rows time search on forks of the compacted bank against
 the rows a compaction would fold (half updates, half deletes of base rows): where the threshold sits.
@@ -30,41 +30,13 @@ from memr1.bench.memory_impls import (DELETE, UPDATE, NumpyBank, UsearchBank, Us
                                       clustered, hnsw_index, row)
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import Add, MemoryBank
-SCREEN_K, SCREEN_BEAM = 10, 16   # the screen: one search per row at this k and beam
-CONFIRM_K = 100                  # rows the screen missed, searched again at the index's own beam
-TIE_DISTANCE = 1e-4              # cosine distance under which two vectors are the same to a quantised graph
-
-
-def unreachable(index: Index, keys: np.ndarray, vectors: np.ndarray, beam: int = SCREEN_BEAM) -> np.ndarray:
-    """The keys among `keys` (uint64; `vectors` their rows) that the search for their own vector does
-    not return (or return k rows tied with it: identical vectors no graph tells apart): screened at
-    k=SCREEN_K and `beam`, confirmed at CONFIRM_K and the index's own beam. A check of the built graph
-    by another method than the build's own (a walk over its links, memory_store/graph.py)."""
-    if not len(keys):
-        return keys
-    configured = index.expansion_search
-    index.expansion_search = beam
-    try:
-        found = index.search(vectors, SCREEN_K).keys
-    finally:
-        index.expansion_search = configured
-    missed = np.flatnonzero(~(found.reshape(len(keys), -1) == keys[:, None]).any(1))
-    if not len(missed):
-        return keys[:0]
-    k = min(CONFIRM_K, len(index))
-    again = index.search(vectors[missed], k)
-    ids, dist = again.keys.reshape(len(missed), -1), again.distances.reshape(len(missed), -1)
-    lost = ~(ids == keys[missed][:, None]).any(1)
-    tied = dist[:, -1] <= TIE_DISTANCE if k == CONFIRM_K else np.zeros_like(lost)
-    return keys[missed[lost & ~tied]]
-
-
+from memr1.memory_store.graph import SCREEN_BEAM, missed_by_search
 def graph_check(index, ids: np.ndarray, vectors: np.ndarray, bank) -> dict:
-    """The built graph checked again by a search of every row's own vector (`unreachable`), timed: rows
+    """The built graph checked again by a search of every row's own vector, timed: rows
     it misses (`graph_unreachable`), the graph's orphans (scored exactly by every search) and the rows
     it misses that are not orphans (`graph_lost_after_repair`: lost to the agent)."""
     t = time.perf_counter()
-    lost = unreachable(index, ids.astype(np.uint64), vectors, SCREEN_BEAM)
+    lost = missed_by_search(index, ids.astype(np.uint64), vectors, SCREEN_BEAM)
     orphans = [row for rows in bank._manifest.graph_orphans.values() for row in rows]
     return {"graph_check_s": time.perf_counter() - t, "graph_unreachable": len(lost),
             "graph_lost_after_repair": len(np.setdiff1d(lost.astype(np.int64), orphans)),

@@ -1,20 +1,26 @@
 """A speaker's HNSW graph, built (or carried over from the generation before) so that no row is lost.
 
 usearch's multi-threaded insertion sometimes leaves a node that no link leads to (a few per 20k rows
-on 2 threads; none seen single-threaded), and a cluster of identical vectors can cut other nodes off.
-Such a memory is silently lost to the agent that stored it. So every graph is checked: the native
-core walks its links of every level from the entry point (csrc/graph.cpp, Graph::unreachable), which
-takes milliseconds at 1e5 rows; the rows it does not reach are exactly the rows a search for their own
-vector misses on the builds tried (tests/test_bank_graph.py compares the two). A few unreached rows
-(under REPAIR_FROM) become the graph's orphans at once: rows every search of that speaker scores
-exactly besides the graph's candidates, which costs a search a few dot products. More are removed and
-re-inserted; re-insertion rewires the neighbours of the rows it links, which can cut off rows that
-were reached before, so the walk then runs again and the rows still unreached become orphans. Nothing
-changes the graph after the last walk, so every row is reachable or an orphan.
+on 2 threads; none seen single-threaded), a cluster of identical vectors can cut other nodes off, and
+on large graphs a greedy walk passes some reachable rows by (at 1e6 rows, ~2% of them for their own
+vector). Such a memory is lost to the agent that stored it. So every graph is checked two ways:
+- a native walk over its links of every level from the entry point (csrc/graph.cpp,
+  Graph::unreachable; ~40 ms at 1e5 rows) finds the rows no search can reach, over every row;
+- a search for each checked row's own vector (a screen at a small beam, the misses again at the full
+  beam and a wider k) finds the rows a search passes by. A build screens every row; a fold (below)
+  screens the rows it inserted, which is where its cost stays small.
+A row counts as found when the search returns it, or returns k rows at least as close as an exact
+duplicate would be (a tie: identical vectors that no graph can tell apart, whose texts come back).
+A few lost rows (under REPAIR_FROM) become the graph's orphans at once: rows every search of that
+speaker scores exactly besides the graph's candidates, which costs a search a few dot products. More
+are removed and re-inserted; re-insertion rewires the neighbours of the rows it links, which can cut
+off rows that were found before, so then the walk runs again and the screen again over what it
+screened and the re-inserted rows, and the rows still lost become orphans. Nothing changes the graph
+after the last check.
 
 A compaction carries a graph over (`fold_graph`): the previous generation's saved graph with the rows
 that died or changed removed, the surviving rows' keys renamed to their new base rows, and the new and
-changed rows inserted; then the same check. Its cost is in the changed rows, not the bank.
+changed rows inserted; then the check. Its cost is in the changed rows, not the bank.
 """
 import errno
 import logging
@@ -29,7 +35,11 @@ from memr1.memory_store.errors import BankFormatError, BankIOError
 
 log = logging.getLogger(__name__)
 
-REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repair (and its second walk)
+SCREEN_K = 10          # the screen: one search per row at this k and SCREEN_BEAM
+SCREEN_BEAM = 16
+CONFIRM_K = 100        # rows the screen missed, searched again at the index's own beam
+TIE_DISTANCE = 1e-4    # cosine distance under which two vectors are the same to a quantised graph
+REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repair (and its second check)
 
 
 class GraphCheck(NamedTuple):
@@ -70,9 +80,34 @@ def native(index: Index, config, path=None):
     return _core.Graph.view(str(path), config.hnsw_expansion_search)
 
 
-def lost_rows(index: Index, graph) -> np.ndarray:
-    """The uint64 keys of `index` that no search can reach: the native walk over its links (`graph`)."""
-    return graph.unreachable() if len(index) else np.empty(0, np.uint64)
+def missed_by_search(index: Index, keys: np.ndarray, vectors: np.ndarray, beam: int = SCREEN_BEAM) -> np.ndarray:
+    """The keys among `keys` (uint64; `vectors` their rows) that the search for their own vector does
+    not return (nor k rows tied with it): screened at k=SCREEN_K and `beam`, confirmed at CONFIRM_K and
+    the index's own beam."""
+    if not len(keys):
+        return keys
+    configured = index.expansion_search
+    index.expansion_search = beam
+    try:
+        found = index.search(vectors, SCREEN_K).keys
+    finally:
+        index.expansion_search = configured
+    missed = np.flatnonzero(~(found.reshape(len(keys), -1) == keys[:, None]).any(1))
+    if not len(missed):
+        return keys[:0]
+    k = min(CONFIRM_K, len(index))
+    again = index.search(vectors[missed], k)
+    ids, dist = again.keys.reshape(len(missed), -1), again.distances.reshape(len(missed), -1)
+    lost = ~(ids == keys[missed][:, None]).any(1)
+    tied = dist[:, -1] <= TIE_DISTANCE if k == CONFIRM_K else np.zeros_like(lost)
+    return keys[missed[lost & ~tied]]
+
+
+def lost_rows(index: Index, graph, keys: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Sorted uint64 keys that no search reaches (the walk over `graph`, the native copy of `index`,
+    every row) or, among `keys` (with their `vectors`), that a search for their own vector misses."""
+    walked = graph.unreachable() if len(index) else np.empty(0, np.uint64)
+    return np.union1d(walked, missed_by_search(index, keys, vectors)).astype(np.uint64)
 
 
 def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
@@ -84,17 +119,19 @@ def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
     index.add(lost, vectors_of(lost), threads=1)
 
 
-def checked(index: Index, config, vectors_of, started: float, path=None) -> Built:
-    """`index` made whole (module doc), saved at `path` if given (native)."""
+def checked(index: Index, config, vectors_of, started: float, screen: tuple, path=None) -> Built:
+    """`index` made whole (module doc), `screen` = (keys, their vectors) searched for; saved at `path`
+    if given (native). `vectors_of(keys)`: the rows of any keys, for a repair."""
     built = time.perf_counter()
     graph = native(index, config, path)
-    missed = lost_rows(index, graph)
+    missed = lost_rows(index, graph, *screen)
     lost, repaired = missed, 0
     if len(missed) >= REPAIR_FROM:
         graph = None  # its mapping of `path` goes before the file is written again
         reinsert(index, missed, vectors_of)
         graph = native(index, config, path)
-        lost = lost_rows(index, graph)  # every row: the repair rewired neighbours
+        again = np.union1d(screen[0], missed).astype(np.uint64)  # the repair rewired neighbours
+        lost = lost_rows(index, graph, again, vectors_of(again))
         repaired = len(np.setdiff1d(missed, lost))
     check = GraphCheck(len(index), len(missed), repaired, len(lost), built - started, time.perf_counter() - built)
     if len(lost) > len(index) // 100:
@@ -112,8 +149,8 @@ def build_graph(keys: np.ndarray, vectors: np.ndarray, config, threads: int = 0,
     index = new_index(config)
     index.add(keys, vectors, threads=threads)
     order = np.argsort(keys)
-    return checked(index, config, lambda lost: vectors[order[np.searchsorted(keys, lost, sorter=order)]], start,
-                   path)
+    return checked(index, config, lambda some: vectors[order[np.searchsorted(keys, some, sorter=order)]], start,
+                   (keys, vectors), path)
 
 
 def fold_graph(before, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarray], added: np.ndarray, vectors,
@@ -131,6 +168,7 @@ def fold_graph(before, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarra
         index.remove(removed)
     if len(renamed[0]):
         index.rename(renamed[0], renamed[1])
+    new = vectors[added.astype(np.int64)]
     if len(added):
-        index.add(added, vectors[added.astype(np.int64)], threads=threads)
-    return checked(index, config, lambda lost: vectors[lost.astype(np.int64)], start, path)
+        index.add(added, new, threads=threads)
+    return checked(index, config, lambda some: vectors[some.astype(np.int64)], start, (added, new), path)
