@@ -155,22 +155,24 @@ class UsearchOverlay:
         top = np.argsort(-scores, kind="stable")[:k]
         return ids[top[scores[top] > -np.inf]]
 
+    def overlay_live(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, rows) of the overlay rows still live."""
+        mine = np.ones(self.n, bool)
+        mine[self.dead] = False
+        return self.ids[:self.n][mine], self.rows[:self.n][mine]
+
     def live(self) -> tuple[np.ndarray, np.ndarray]:
         keep = ~self.removed
         keep[list(self.hidden)] = False
-        mine = np.ones(self.n, bool)
-        mine[self.dead] = False
-        return (np.concatenate([self.base_ids[keep], self.ids[:self.n][mine]]),
-                np.concatenate([self.base[keep], self.rows[:self.n][mine]]))
+        ids, rows = self.overlay_live()
+        return np.concatenate([self.base_ids[keep], ids]), np.concatenate([self.base[keep], rows])
 
     def compact(self, config) -> "UsearchOverlay":
         """The baseline's compaction, with an empty overlay after it. As memr1's: incremental while the
         rows it changes stay within config.hnsw_rebuild_at of the index (a copy of the shared index, which
         forks still search, with the hidden rows removed and the live overlay rows appended to the base
         and added), else a new index over the live rows."""
-        mine = np.ones(self.n, bool)
-        mine[self.dead] = False
-        rows, ids = self.rows[:self.n][mine], self.ids[:self.n][mine]
+        ids, rows = self.overlay_live()
         hidden = np.fromiter(self.hidden, np.int64, len(self.hidden))
         if len(hidden) + len(rows) > config.hnsw_rebuild_at * len(self.index):
             ids, vectors = self.live()

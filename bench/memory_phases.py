@@ -31,6 +31,8 @@ from memr1.bench.memory_impls import (DELETE, UPDATE, NumpyBank, UsearchBank, Us
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import Add, MemoryBank
 from memr1.memory_store.graph import SCREEN_BEAM, missed_by_search
+
+
 def graph_check(index, ids: np.ndarray, vectors: np.ndarray, bank) -> dict:
     """The built graph checked again by a search of every row's own vector, timed: rows
     it misses (`graph_unreachable`), the graph's orphans (scored exactly by every search) and the rows
