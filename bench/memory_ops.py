@@ -190,6 +190,21 @@ def headline(rows: list[dict]) -> list[dict]:
             theirs = roll[("usearch_overlay_batched", size, group)]
             out.append(headline_entry(f"fork rollout @ {size:,} G={group}", theirs / p50, f"{impl} {size:,} G={group}", f"usearch_overlay_batched {size:,} G={group}",
                                       "the overlay's rollout p50 over memr1's, both searching batched", target=target))
+    threads = largest([r for r in rows if r["op"] == "search_threads" and r["layout"] == "disk"],
+                      ("impl", "threads"))
+    for (impl, n), r in sorted(threads.items()):
+        if impl == "memr1" and n > 1:
+            out.append(headline_entry(f"search, {n} threads @ {r['bank_size']:,} ({r['mode']})", r["scaling"],
+                                      f"memr1 search_threads {n}", f"memr1 search_threads 1",
+                                      f"{n} threads' queries per second over one thread's on one bank",
+                                      target=1.6 if (n, r["bank_size"], r["mode"]) == (2, 100_000, "hnsw") else None,
+                                      cpu_per_wall=r["cpu_per_wall"],
+                                      overlay_scaling=threads.get(("usearch_overlay", n), {}).get("scaling")))
+    sweep = {(r["impl"], r["bank_size"]): r["p50_us"] for r in rows if r["op"] == "search_sweep"}
+    for size in sorted({s for _, s in sweep}):
+        out.append(headline_entry(f"sweep {size:,}: exact over HNSW search p50", sweep[("memr1_exact", size)] /
+                                  sweep[("memr1_hnsw", size)], f"memr1_hnsw {size:,}", f"memr1_exact {size:,}",
+                                  "exact search's p50 over the graph's on the same rows (where hnsw_threshold sits)"))
     scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}
     if scale:
         size = scale[("build", None)]["bank_size"]

@@ -244,3 +244,15 @@ def test_quick_run_writes_its_headline_from_its_rows(quick):
     assert rollouts == {"fork rollout @ 1,000 G=8", "fork rollout @ 1,000 G=64", "fork rollout @ 1,000 G=512"}
     assert head["fork rollout @ 1,000 G=64"]["target"] == 3.0 and all(head[n]["value"] > 0 for n in rollouts)
     assert not any(n.startswith("scale") for n in head)
+    disk = {r["threads"]: r for r in rows if r["op"] == "search_threads" and r["impl"] == "memr1" and r["layout"] == "disk"}
+    threads = {n: h for n, h in head.items() if n.startswith("search, ")}
+    assert len(threads) == len(disk) - 1 and all(threads[n]["value"] == disk[int(n.split()[1])]["scaling"] for n in threads)
+
+
+@pytest.mark.parametrize("section", ["threads", "rollout"])
+def test_one_section_alone_writes_its_headline(tmp_path, section):
+    """A run of one section ends in its JSON (an empty headline used to refuse the write and lose the rows)."""
+    out = tmp_path / "one.json"
+    assert main(["--quick", "--only", section, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["headline"] and {r["op"] for r in data["rows"]} >= {"search_threads" if section == "threads" else "fork_rollout"}
