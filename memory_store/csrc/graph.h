@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace memr1 {
@@ -35,6 +36,10 @@ class Graph {
   // (usearch keeps them as tombstones) are not walked through, so a row reached only through one
   // counts as unreachable (the safe side).
   std::vector<uint64_t> unreachable() const;
+
+  // The i8 cosine distance of a and b (`dim` bytes each) by every kernel this CPU runs, named
+  // ("scalar", "avx2", "avx512_vnni"): the walk uses the last; tests check that all agree to the bit.
+  static std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const int8_t* b, size_t dim);
 
   struct Impl;  // graph.cpp: the usearch index and its pool of search contexts
 

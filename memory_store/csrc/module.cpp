@@ -192,6 +192,10 @@ PYBIND11_MODULE(_core, m) {
         std::copy(keys.begin(), keys.end(), out.mutable_data());
         return out;
       })
+      .def_static("cos_i8_kernels", [](py::array_t<int8_t, py::array::c_style> a, py::array_t<int8_t, py::array::c_style> b) {
+        if (a.ndim() != 1 || b.ndim() != 1 || a.size() != b.size()) throw BadInput("cos_i8_kernels: two int8 vectors of one length");
+        return Graph::cos_i8_kernels(a.data(), b.data(), static_cast<size_t>(a.size()));
+      })
       .def("__len__", &Graph::size)
       .def_property_readonly("dim", &Graph::dim)
       .def_property_readonly("expansion_search", &Graph::expansion);
