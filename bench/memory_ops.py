@@ -195,7 +195,7 @@ def headline(rows: list[dict]) -> list[dict]:
     for (impl, n), r in sorted(threads.items()):
         if impl == "memr1" and n > 1:
             out.append(headline_entry(f"search, {n} threads @ {r['bank_size']:,} ({r['mode']})", r["scaling"],
-                                      f"memr1 search_threads {n}", f"memr1 search_threads 1",
+                                      f"memr1 search_threads {n}", "memr1 search_threads 1",
                                       f"{n} threads' queries per second over one thread's on one bank",
                                       target=1.6 if (n, r["bank_size"], r["mode"]) == (2, 100_000, "hnsw") else None,
                                       cpu_per_wall=r["cpu_per_wall"],

@@ -2,7 +2,8 @@
 // compiles usearch's headers of the installed package's version without its optional SIMD library
 // (NumKong, which the wheel loads at run time); its own distances are then built for baseline x86-64.
 // For the bank's default graph (i8, cosine) the walk uses the same integer arithmetic with 16-bit
-// multiply-adds (AVX-512 VNNI or AVX2), picked at load time. Candidates are re-scored exactly in f32 by State::search.
+// multiply-adds (AVX-512 VNNI or AVX2), picked at load time. Candidates are re-scored exactly in f32
+// by State::search.
 #include "graph.h"
 
 #include <cmath>
