@@ -57,25 +57,30 @@ float cos_from_sums(int32_t ab, int32_t a2, int32_t b2) {
   float d = 1.f - static_cast<float>(ab) / (std::sqrt(static_cast<float>(a2)) * std::sqrt(static_cast<float>(b2)));
   return d < 0.f ? 0.f : d;
 }
-__attribute__((always_inline)) inline float cos_i8_body(const int8_t* a, const int8_t* b, size_t dim) {
+// The three sums over a[i..dim) and b[i..dim), added to `s`: the whole scalar kernel, and the tail
+// the vector kernels leave.
+struct Sums {
   int32_t ab = 0, a2 = 0, b2 = 0;
-  for (size_t i = 0; i < dim; ++i) {
+};
+inline void add_sums(const int8_t* a, const int8_t* b, size_t i, size_t dim, Sums& s) {
+  for (; i < dim; ++i) {
     int32_t x = a[i], y = b[i];
-    ab += x * y;
-    a2 += x * x;
-    b2 += y * y;
+    s.ab += x * y;
+    s.a2 += x * x;
+    s.b2 += y * y;
   }
-  return cos_from_sums(ab, a2, b2);
 }
 using CosFn = float (*)(size_t, size_t, size_t);  // usearch's array-array-size signature (pointers as words)
 float cos_i8_default(size_t a, size_t b, size_t dim) {
-  return cos_i8_body(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), dim);
+  Sums s;
+  add_sums(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), 0, dim, s);
+  return cos_from_sums(s.ab, s.a2, s.b2);
 }
 #if defined(__x86_64__)
 // The same sums with 16-bit multiply-adds: sign-extend 16 or 32 bytes to 16-bit lanes, then each
 // instruction multiplies lane pairs and adds them into 32-bit sums (the compiler's own vectorisation of
-// the loop above widens to 32 bits and multiplies lane by lane, about four times the instructions).
-// Every product and sum is an exact integer, so the distance equals cos_i8_body's bit for bit.
+// the scalar loop widens to 32 bits and multiplies lane by lane, about four times the instructions).
+// Every product and sum is an exact integer, so the distance equals the scalar kernel's bit for bit.
 __attribute__((target("avx2"))) float cos_i8_avx2(size_t pa, size_t pb, size_t dim) {
   const int8_t* a = reinterpret_cast<const int8_t*>(pa);
   const int8_t* b = reinterpret_cast<const int8_t*>(pb);
@@ -92,10 +97,10 @@ __attribute__((target("avx2"))) float cos_i8_avx2(size_t pa, size_t pb, size_t d
   _mm256_store_si256(reinterpret_cast<__m256i*>(s[0]), ab);
   _mm256_store_si256(reinterpret_cast<__m256i*>(s[1]), a2);
   _mm256_store_si256(reinterpret_cast<__m256i*>(s[2]), b2);
-  int32_t sab = 0, sa2 = 0, sb2 = 0;
-  for (int l = 0; l < 8; ++l) sab += s[0][l], sa2 += s[1][l], sb2 += s[2][l];
-  for (; i < dim; ++i) sab += int32_t(a[i]) * b[i], sa2 += int32_t(a[i]) * a[i], sb2 += int32_t(b[i]) * b[i];
-  return cos_from_sums(sab, sa2, sb2);
+  Sums sums;
+  for (int l = 0; l < 8; ++l) sums.ab += s[0][l], sums.a2 += s[1][l], sums.b2 += s[2][l];
+  add_sums(a, b, i, dim, sums);
+  return cos_from_sums(sums.ab, sums.a2, sums.b2);
 }
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) float cos_i8_avx512(size_t pa, size_t pb, size_t dim) {
   const int8_t* a = reinterpret_cast<const int8_t*>(pa);
@@ -109,14 +114,16 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) float cos_i8_avx512(size_
     a2 = _mm512_dpwssd_epi32(a2, x, x);
     b2 = _mm512_dpwssd_epi32(b2, y, y);
   }
-  int32_t sab = _mm512_reduce_add_epi32(ab), sa2 = _mm512_reduce_add_epi32(a2), sb2 = _mm512_reduce_add_epi32(b2);
-  for (; i < dim; ++i) sab += int32_t(a[i]) * b[i], sa2 += int32_t(a[i]) * a[i], sb2 += int32_t(b[i]) * b[i];
-  return cos_from_sums(sab, sa2, sb2);
+  Sums sums;
+  sums.ab = _mm512_reduce_add_epi32(ab), sums.a2 = _mm512_reduce_add_epi32(a2), sums.b2 = _mm512_reduce_add_epi32(b2);
+  add_sums(a, b, i, dim, sums);
+  return cos_from_sums(sums.ab, sums.a2, sums.b2);
 }
+bool has_avx512_vnni() { return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"); }
 #endif
 CosFn pick_cos_i8() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) return cos_i8_avx512;
+  if (has_avx512_vnni()) return cos_i8_avx512;
   if (__builtin_cpu_supports("avx2")) return cos_i8_avx2;
 #endif
   return cos_i8_default;
@@ -201,8 +208,7 @@ std::vector<std::pair<std::string, float>> Graph::cos_i8_kernels(const int8_t* a
   std::vector<std::pair<std::string, float>> out{{"scalar", cos_i8_default(pa, pb, dim)}};
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx2")) out.emplace_back("avx2", cos_i8_avx2(pa, pb, dim));
-  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-    out.emplace_back("avx512_vnni", cos_i8_avx512(pa, pb, dim));
+  if (has_avx512_vnni()) out.emplace_back("avx512_vnni", cos_i8_avx512(pa, pb, dim));
 #endif
   return out;
 }
