@@ -4,10 +4,10 @@ Two native modules are built by CMakeLists.txt (C++17) and land next to their Py
 memory_store's core (pybind11) as `memr1.memory_store._core`, and the kernels' CPU operators (built
 against the installed torch, registered with torch.library) as `memr1.kernels._native`.
 
-The core searches the HNSW graphs that usearch's Python package saves with usearch's own header-only
-C++ core, of the same version: its wheel carries no headers, so they come from its source distribution
-on the package index (MEMR1_USEARCH_INCLUDE names a folder holding usearch/index_dense.hpp instead, for
-offline builds).
+The core opens the HNSW graphs that usearch's Python package saves with usearch's own header-only C++
+core, of the same version, and walks them with usearch's heap types: its wheel carries no headers, so
+they come from its source distribution on the package index (MEMR1_USEARCH_INCLUDE names a folder
+holding usearch/index_dense.hpp instead, for offline builds).
 """
 import os
 import subprocess

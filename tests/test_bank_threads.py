@@ -165,23 +165,3 @@ def test_readers_beside_a_writer_that_compacts(tmp_path):
     for j in stable[:50]:
         assert bank.search(vectors[j], 1, exact=True).ids.tolist() == [j]
     bank.close()
-
-
-def test_every_i8_cosine_kernel_gives_the_walk_the_same_distance():
-    """The graph walk's i8 cosine (memory_store/csrc/graph.cpp) is vectorised by hand for AVX2 and
-    AVX-512 VNNI; each kernel this CPU runs must equal the scalar loop bit for bit (exact integer sums),
-    at lengths with and without a tail and at the extremes of int8."""
-    from memr1.memory_store import _core
-
-    rng = np.random.default_rng(0)
-    kernels = set()
-    for dim in (1, 15, 16, 17, 31, 32, 33, 64, 100, 384, 385, 1024):
-        cases = [rng.integers(-128, 128, (2, dim), dtype=np.int8) for _ in range(40)]
-        cases += [np.full((2, dim), -128, np.int8), np.full((2, dim), 127, np.int8),
-                  np.stack([np.full(dim, -128, np.int8), np.full(dim, 127, np.int8)]),
-                  np.zeros((2, dim), np.int8), np.stack([np.zeros(dim, np.int8), np.ones(dim, np.int8)])]
-        for a, b in cases:
-            got = dict(_core.Graph.cos_i8_kernels(a, b))
-            kernels |= set(got)
-            assert len(set(got.values())) == 1, (dim, got)
-    assert "scalar" in kernels

@@ -1,5 +1,5 @@
-// A speaker's HNSW graph, searched by usearch's own C++ core (header-only, compiled into this module)
-// on the file usearch's Python package saved, so a search never holds the GIL. Builds stay in Python
+// A speaker's HNSW graph: the file usearch's Python package saved, walked by this module (walk.h) the
+// way usearch's own search walks it, so a search never holds the GIL. Builds stay in Python
 // (memory_store/graph.py builds, checks and repairs each graph); this side only reads it.
 #pragma once
 #include <cstddef>
@@ -37,11 +37,12 @@ class Graph {
   // counts as unreachable (the safe side).
   std::vector<uint64_t> unreachable() const;
 
-  // The i8 cosine distance of a and b (`dim` bytes each) by every kernel this CPU runs, named
-  // ("scalar", "avx2", "avx512_vnni"): the walk uses the last; tests check that all agree to the bit.
-  static std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const int8_t* b, size_t dim);
+  // For the tests: the `count` nearest keys of the walk (or, `reference`, of usearch's own search of
+  // the same bytes with the same distances), leaving out the sorted `excluded` keys.
+  std::vector<uint64_t> candidates(const float* q, size_t count, const std::vector<uint64_t>& excluded,
+                                   bool reference) const;
 
-  struct Impl;  // graph.cpp: the usearch index and its pool of search contexts
+  struct Impl;  // graph.cpp: the bytes, usearch's view of them, the walk's layout and its search contexts
 
  private:
   Graph();

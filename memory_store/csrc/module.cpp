@@ -10,6 +10,7 @@
 
 #include "convert.h"
 #include "core.h"
+#include "cosine_i8.h"
 #include "graph.h"
 
 using namespace memr1;  // brings convert.h's `py` alias of pybind11
@@ -194,8 +195,22 @@ PYBIND11_MODULE(_core, m) {
       })
       .def_static("cos_i8_kernels", [](py::array_t<int8_t, py::array::c_style> a, py::array_t<int8_t, py::array::c_style> b) {
         if (a.ndim() != 1 || b.ndim() != 1 || a.size() != b.size()) throw BadInput("cos_i8_kernels: two int8 vectors of one length");
-        return Graph::cos_i8_kernels(a.data(), b.data(), static_cast<size_t>(a.size()));
+        return cos_i8_kernels(a.data(), b.data(), static_cast<size_t>(a.size()));
       })
+      .def("candidates", [](const Graph& g, py::array_t<float, py::array::c_style | py::array::forcecast> q, size_t count,
+                            py::array_t<uint64_t, py::array::c_style | py::array::forcecast> excluded, bool reference) {
+        if (q.ndim() != 1 || size_t(q.size()) != g.dim()) throw BadInput("candidates: a float32 query of the graph's dim");
+        std::vector<uint64_t> skip(excluded.data(), excluded.data() + excluded.size());
+        std::sort(skip.begin(), skip.end());
+        std::vector<uint64_t> keys;
+        {
+          py::gil_scoped_release nogil;
+          keys = g.candidates(q.data(), count, skip, reference);
+        }
+        py::array_t<uint64_t> out(static_cast<py::ssize_t>(keys.size()));
+        std::copy(keys.begin(), keys.end(), out.mutable_data());
+        return out;
+      }, py::arg("query"), py::arg("count"), py::arg("excluded") = py::array_t<uint64_t>(0), py::arg("reference") = false)
       .def("__len__", &Graph::size)
       .def_property_readonly("dim", &Graph::dim)
       .def_property_readonly("expansion_search", &Graph::expansion);

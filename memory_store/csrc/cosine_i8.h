@@ -1,0 +1,49 @@
+// The i8 cosine distance of the bank's default graphs, as usearch defines it (metric_cos_i8: exact int32
+// sums a.b, a.a, b.b, then 1 - ab / (sqrt(aa) sqrt(bb))), computed the way a walk needs it: b.b and the
+// sum of b are made once per graph node (I8Sums) and a.a once per query (QueryI8), so each distance is
+// one dot product. Every kernel gives the same integer dot product, so the distance is the same bit for
+// bit whichever kernel this CPU runs.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memr1 {
+
+struct I8Sums {  // of one node's vector: b.b, sum(b) and sqrt(b.b) as cos_from_sums takes it
+  int32_t sq = 0, sum = 0;
+  float norm = 0.f;
+};
+I8Sums i8_sums(const int8_t* b, size_t dim);
+
+// A query cast to i8 (`a`), with a + 128 as u8 (`shifted`: AVX-512 VNNI multiplies u8 by i8, and
+// sum((a + 128) b) = a.b + 128 sum(b)) and a.a. Owns its bytes; `set` reuses them between queries.
+struct QueryI8 {
+  std::vector<int8_t> a;
+  std::vector<uint8_t> shifted;
+  int32_t sq = 0;
+  float norm = 0.f;
+  void set(const int8_t* data, size_t dim);
+};
+
+float cos_from_sums(int32_t ab, int32_t aa, int32_t bb);
+// The same value with both square roots taken beforehand (sqrt of the float of each sum).
+inline float cos_from_sums(int32_t ab, const QueryI8& a, const I8Sums& b) {
+  if (a.sq == 0 && b.sq == 0) return 0.f;
+  if (ab == 0) return 1.f;
+  const float d = 1.f - static_cast<float>(ab) / (a.norm * b.norm);
+  return d < 0.f ? 0.f : d;
+}
+
+// a.b of a query and a node vector (`b_sum`: the node's I8Sums::sum).
+using DotI8 = int32_t (*)(const QueryI8& q, const int8_t* b, int32_t b_sum, size_t dim);
+extern const DotI8 dot_i8;  // the fastest kernel this CPU runs
+// Every kernel this CPU runs, by name ("scalar", "avx2", "avx512_vnni"), for the tests.
+std::vector<std::pair<std::string, DotI8>> dot_i8_kernels();
+
+// The distance of a and b: the plain three-sum loop ("reference"), then each kernel as the walk uses it.
+std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const int8_t* b, size_t dim);
+
+}  // namespace memr1
