@@ -195,6 +195,8 @@ class State {
   int clamp_k(int k) const { return k > live_ ? static_cast<int>(live_) : k; }  // a huge k must not size a heap
   void score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const;
   void scan_delta(const float* q, float qinv, int64_t speaker, TopK& top) const;
+  // Every base row (of `speaker`, unless < 0) whose dot product with the query is dots[row].
+  void scan_base_dots(const float* dots, float qinv, int64_t speaker, TopK& top) const;
   Record* new_record(int64_t id, const std::string& text, const float* vec, float inv_norm);
   void put_delta(Record* r);
 

@@ -1,6 +1,7 @@
 // Exact search of a bank state: a dot product picked for this CPU at load time, a top-k heap, and
 // State::search over the base rows (all of them, or HNSW candidates) and the delta. See core.h.
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "core.h"
@@ -66,23 +67,44 @@ struct TopK {  // min-heap of the best k hits
   explicit TopK(int k) : k(k) { heap.reserve(k); }
   int k;
   std::vector<Hit> heap;
-  static bool worse(const Hit& a, const Hit& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+  struct Worse {  // a functor, so that the heap's comparisons inline
+    bool operator()(const Hit& a, const Hit& b) const { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+  };
   bool admits(float s) const { return (int)heap.size() < k || s > heap.front().score; }
   void push(Hit h) {
-    if ((int)heap.size() < k) { heap.push_back(h); std::push_heap(heap.begin(), heap.end(), worse); return; }
-    std::pop_heap(heap.begin(), heap.end(), worse);
+    if ((int)heap.size() < k) { heap.push_back(h); std::push_heap(heap.begin(), heap.end(), Worse{}); return; }
+    std::pop_heap(heap.begin(), heap.end(), Worse{});
     heap.back() = h;
-    std::push_heap(heap.begin(), heap.end(), worse);
+    std::push_heap(heap.begin(), heap.end(), Worse{});
   }
-  std::vector<Hit> sorted() { std::sort_heap(heap.begin(), heap.end(), worse); return heap; }
+  std::vector<Hit> sorted() { std::sort_heap(heap.begin(), heap.end(), Worse{}); return heap; }
 };
 
-void State::score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const {
-  float s = dot_q * qinv * base_->inv_norms[row];
+// A base row's score is taken inline by each caller and checked against the heap first: most rows of
+// an exact scan cannot enter it, and then nothing else is read.
+inline void State::score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const {
+  const float s = dot_q * qinv * base_->inv_norms[row];
   if (!top.admits(s)) return;
   const Record* r = base_->rows[row];
   if (base_dead_ && ids_.get(static_cast<uint64_t>(r->id)) != r) return;  // superseded or deleted
   top.push({s, r->id});
+}
+
+void State::scan_base_dots(const float* dots, float qinv, int64_t speaker, TopK& top) const {
+  // Locals the compiler can keep in registers (through the pointers it would reload every row), and
+  // the heap's entry bar as a float: most rows of an exact scan fall below it and cost a compare.
+  const Base& base = *base_;
+  const float* inv = base.inv_norms.data();
+  const auto* speakers = base.speakers.data();
+  const int64_t n = base.n;
+  float bar = -std::numeric_limits<float>::infinity();
+  for (int64_t row = 0; row < n; ++row) {
+    const float s = dots[row] * qinv * inv[row];
+    if (!(s > bar) && (int)top.heap.size() == top.k) continue;
+    if (speaker >= 0 && speakers[row] != speaker) continue;
+    score_base_row(row, dots[row], qinv, top);
+    if ((int)top.heap.size() == top.k) bar = top.heap.front().score;
+  }
 }
 
 void State::scan_delta(const float* q, float qinv, int64_t speaker, TopK& top) const {
@@ -143,12 +165,8 @@ std::vector<std::vector<Hit>> State::search_many(const std::vector<const State*>
   }
   const Base* base = states[0]->base_.get();
   if (base && base->n && !base_dots) throw BadInput("search_many: an exact search over a base needs base_dots");
-  for (size_t i = 0; base && i < n; ++i) {
-    if (tops[i].k == 0) continue;
-    const float* dots = base_dots + i * base->n;
-    for (int64_t row = 0; row < base->n; ++row)
-      if (speaker < 0 || base->speakers[row] == speaker) states[i]->score_base_row(row, dots[row], qinv[i], tops[i]);
-  }
+  for (size_t i = 0; base && i < n; ++i)
+    if (tops[i].k) states[i]->scan_base_dots(base_dots + i * base->n, qinv[i], speaker, tops[i]);
   std::vector<std::vector<Hit>> out(n);
   for (size_t i = 0; i < n; ++i) {
     if (tops[i].k == 0) continue;
