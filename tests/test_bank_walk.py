@@ -70,14 +70,42 @@ def test_a_graph_whose_links_leave_it_is_refused(tmp_path):
     saved_index(path, "i8", n=300, removed_every=0)
     data = bytearray(path.read_bytes())
     rows, cols = struct.unpack_from("<II", data, 0)
-    head = 8 + rows * cols
-    assert data[head:head + 7] == b"usearch" and struct.unpack_from("<Q", data, head + 64)[0] == rows
-    node = head + 64 + 40 + 2 * rows          # node 0: key, level, then its base links' count and slots
-    assert struct.unpack_from("<I", data, node + 10)[0] > 0
+    assert data[8 + rows * cols:8 + rows * cols + 7] == b"usearch"
     _core.Graph.view(str(path), 64)            # whole, it opens
-    struct.pack_into("<I", data, node + 14, rows + 5)
-    path.write_bytes(bytes(data))
-    with pytest.raises(BankFormatError, match="node 0 links outside the graph"):
-        _core.Graph.view(str(path), 64)
-    with pytest.raises(BankFormatError, match="node 0 links outside the graph"):
-        _core.Graph.load(bytes(data), 64)
+    for slot, damaged in (node_links(data, 0, rows + 5), upper_link_to_a_base_node(data)):
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(BankFormatError, match=f"node {slot} links outside the graph"):
+            _core.Graph.view(str(path), 64)
+        with pytest.raises(BankFormatError, match=f"node {slot} links outside the graph"):
+            _core.Graph.load(bytes(damaged), 64)
+
+
+def layout(data):
+    """(rows, connectivity, connectivity_base, entry slot, levels, offset of each node) of a saved index."""
+    rows, cols = struct.unpack_from("<II", data, 0)
+    head = 8 + rows * cols
+    _, conn, base, _, entry = struct.unpack_from("<5Q", data, head + 64)
+    levels = struct.unpack_from(f"<{rows}h", data, head + 104)
+    offsets, at = [], head + 104 + 2 * rows
+    for level in levels:
+        offsets.append(at)
+        at += 10 + 4 + 4 * base + level * (4 + 4 * conn)
+    return rows, conn, base, entry, levels, offsets
+
+
+def node_links(data, slot, target, level=0):
+    """A copy of `data` whose node `slot` has its first link at `level` pointing at `target`."""
+    rows, conn, base, _, _, offsets = layout(data)
+    at = offsets[slot] + 10 + (4 + 4 * base + (level - 1) * (4 + 4 * conn) if level else 0)
+    assert struct.unpack_from("<I", data, at)[0] > 0
+    damaged = bytearray(data)
+    struct.pack_into("<I", damaged, at + 4, target)
+    return slot, damaged
+
+
+def upper_link_to_a_base_node(data):
+    """The entry point's first level-1 link pointed at a node of level 0 (a walk would read links that
+    node does not have)."""
+    _, _, _, entry, levels, _ = layout(data)
+    assert levels[entry] >= 1
+    return node_links(data, entry, levels.index(0), level=1)

@@ -52,7 +52,8 @@ uint64_t read_u64(const uint8_t* at, size_t width) {
 // the rows), usearch's 64-byte head (its magic first), the graph's header of five u64 (size,
 // connectivity, connectivity_base, max_level, entry_slot), a level (i16) per node, then the nodes
 // (walk.h). Both widths are tried; the one whose magic sits where it should and whose graph size
-// matches the rows wins. Every node's links are checked to name a node, so a walk never leaves the bytes.
+// matches the rows wins. Every node's links are checked to name a node present at their level, so a
+// walk never leaves the bytes.
 walk::Layout parse(const uint8_t* data, size_t n, const std::string& what) {
   for (size_t width : {size_t(4), size_t(8)}) {
     if (2 * width > n) break;
@@ -80,14 +81,24 @@ walk::Layout parse(const uint8_t* data, size_t n, const std::string& what) {
       g.nodes[slot] = data + at;
       g.keys[slot] = read_u64(data + at, 8);
       if (g.level(uint32_t(slot)) != level) throw LogFormat(what + ": node " + std::to_string(slot) + " is damaged");
-      for (int l = 0; l <= level; ++l) {
-        const auto [links, count] = g.links(uint32_t(slot), size_t(l));
-        bool bad = count > (l ? g.links_upper : g.links_base);
-        for (uint32_t i = 0; !bad && i < count; ++i) bad = walk::slot_at(links, i) >= rows;
-        if (bad) throw LogFormat(what + ": node " + std::to_string(slot) + " links outside the graph");
-      }
       at += bytes;
     }
+    // A link at level l must name a node present at level l: a walk reads that node's links there.
+    auto level_of = [&](uint32_t slot) {
+      int16_t level;
+      std::memcpy(&level, levels + 2 * size_t(slot), 2);
+      return level;
+    };
+    for (size_t slot = 0; slot < rows; ++slot)
+      for (int l = 0, top = g.level(uint32_t(slot)); l <= top; ++l) {
+        const auto [links, count] = g.links(uint32_t(slot), size_t(l));
+        bool bad = count > (l ? g.links_upper : g.links_base);
+        for (uint32_t i = 0; !bad && i < count; ++i) {
+          const uint32_t next = walk::slot_at(links, i);
+          bad = next >= rows || level_of(next) < l;
+        }
+        if (bad) throw LogFormat(what + ": node " + std::to_string(slot) + " links outside the graph");
+      }
     if (rows && g.max_level > size_t(g.level(uint32_t(g.entry))))
       throw LogFormat(what + ": the graph's entry point is below its top level");
     return g;
