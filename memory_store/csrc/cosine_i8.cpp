@@ -102,7 +102,8 @@ std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const
   QueryI8 q;
   q.set(a, dim);
   const I8Sums sums = i8_sums(b, dim);
-  for (const auto& [name, dot] : dot_i8_kernels()) out.emplace_back(name, cos_from_sums(dot(q, b, sums.sum, dim), q, sums));
+  for (const auto& [name, dot] : dot_i8_kernels())
+    out.emplace_back(name, cos_from_sums(dot(q, b, sums.sum, dim), q, sums));
   return out;
 }
 

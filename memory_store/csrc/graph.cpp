@@ -46,69 +46,6 @@ float cos_i8_exact(size_t pa, size_t pb, size_t dim) {
   return cos_from_sums(ab, aa, bb);
 }
 
-uint64_t read_u64(const uint8_t* at, size_t width) {
-  uint64_t v = 0;
-  std::memcpy(&v, at, width);  // little-endian, as usearch writes it
-  return v;
-}
-
-// The layout of an index_dense_t's bytes: the vectors matrix (rows and bytes per row as u32 or u64, then
-// the rows), usearch's 64-byte head (its magic first), the graph's header of five u64 (size,
-// connectivity, connectivity_base, max_level, entry_slot), a level (i16) per node, then the nodes
-// (walk.h). Both widths are tried; the one whose magic sits where it should and whose graph size
-// matches the rows wins. Every node's links are checked to name a node present at their level, so a
-// walk never leaves the bytes.
-walk::Layout parse(const uint8_t* data, size_t n, const std::string& what) {
-  for (size_t width : {size_t(4), size_t(8)}) {
-    if (2 * width > n) break;
-    const uint64_t rows = read_u64(data, width), cols = read_u64(data + width, width);
-    if (cols == 0 || rows > n || rows * cols / cols != rows) continue;
-    const size_t head = 2 * width + rows * cols;
-    if (head + 64 + 40 > n || std::memcmp(data + head, "usearch", 7) != 0) continue;
-    uint64_t header[5];
-    std::memcpy(header, data + head + 64, sizeof(header));
-    if (header[0] != rows) continue;
-    walk::Layout g;
-    g.vectors = data + 2 * width, g.stride = cols, g.size = rows;
-    g.links_upper = header[1], g.links_base = header[2], g.max_level = header[3], g.entry = header[4];
-    if (rows && (g.entry >= rows || g.links_base > (1u << 20) || g.links_upper > (1u << 20)))
-      throw LogFormat(what + ": the graph's header is damaged");
-    size_t at = head + 64 + 40 + 2 * rows;
-    if (at > n) throw LogFormat(what + ": the graph's levels run past its end");
-    const uint8_t* levels = data + head + 64 + 40;
-    g.nodes.resize(rows), g.keys.resize(rows);
-    for (size_t slot = 0; slot < rows; ++slot) {
-      int16_t level;
-      std::memcpy(&level, levels + 2 * slot, 2);
-      const size_t bytes = 10 + 4 + 4 * g.links_base + size_t(std::max<int16_t>(level, 0)) * (4 + 4 * g.links_upper);
-      if (level < 0 || at + bytes > n) throw LogFormat(what + ": node " + std::to_string(slot) + " is damaged");
-      g.nodes[slot] = data + at;
-      g.keys[slot] = read_u64(data + at, 8);
-      if (g.level(uint32_t(slot)) != level) throw LogFormat(what + ": node " + std::to_string(slot) + " is damaged");
-      at += bytes;
-    }
-    // A link at level l must name a node present at level l: a walk reads that node's links there.
-    auto level_of = [&](uint32_t slot) {
-      int16_t level;
-      std::memcpy(&level, levels + 2 * size_t(slot), 2);
-      return level;
-    };
-    for (size_t slot = 0; slot < rows; ++slot)
-      for (int l = 0, top = g.level(uint32_t(slot)); l <= top; ++l) {
-        const auto [links, count] = g.links(uint32_t(slot), size_t(l));
-        bool bad = count > (l ? g.links_upper : g.links_base);
-        for (uint32_t i = 0; !bad && i < count; ++i) {
-          const uint32_t next = walk::slot_at(links, i);
-          bad = next >= rows || level_of(next) < l;
-        }
-        if (bad) throw LogFormat(what + ": node " + std::to_string(slot) + " links outside the graph");
-      }
-    if (rows && g.max_level > size_t(g.level(uint32_t(g.entry))))
-      throw LogFormat(what + ": the graph's entry point is below its top level");
-    return g;
-  }
-  throw LogFormat(what + ": cannot find the graph's header");
-}
 }  // namespace
 
 struct Graph::Impl {
@@ -151,9 +88,10 @@ struct Graph::Impl {
 
   void open(const uint8_t* data, size_t n, size_t search_beam, const std::string& what) {
     if (search_beam == 0) throw BadInput("a graph's search beam must be >= 1");
-    auto viewed = index.view(us::memory_mapped_file_t(const_cast<us::byte_t*>(reinterpret_cast<const us::byte_t*>(data)), n));
+    auto* bytes = const_cast<us::byte_t*>(reinterpret_cast<const us::byte_t*>(data));  // view() only reads
+    auto viewed = index.view(us::memory_mapped_file_t(bytes, n));
     check(viewed, what + " is not a usearch index");
-    layout = parse(data, n, what);
+    layout = walk::parse(data, n, what);
     size_t slot = 0;
     for (auto it = index.cbegin(); it != index.cend(); ++it, ++slot)
       if (slot >= layout.size || layout.keys[slot] != uint64_t((*it).key))
@@ -168,12 +106,13 @@ struct Graph::Impl {
       sums.resize(layout.size);
       for (size_t s = 0; s < layout.size; ++s)
         sums[s] = i8_sums(reinterpret_cast<const int8_t*>(layout.vector(uint32_t(s))), layout.stride);
-      index.change_metric(us::metric_punned_t::stateless(index.dimensions(), reinterpret_cast<std::uintptr_t>(cos_i8_exact),
-                                                         us::metric_punned_signature_t::array_array_size_k,
-                                                         us::metric_kind_t::cos_k, us::scalar_kind_t::i8_k));
+      index.change_metric(us::metric_punned_t::stateless(
+          index.dimensions(), reinterpret_cast<std::uintptr_t>(cos_i8_exact),
+          us::metric_punned_signature_t::array_array_size_k, us::metric_kind_t::cos_k, us::scalar_kind_t::i8_k));
     }
     const size_t threads = std::max<size_t>(std::thread::hardware_concurrency(), 1);
-    if (!index.try_reserve(us::index_limits_t(index.size(), threads))) throw LogFormat(what + ": cannot reserve search contexts");
+    if (!index.try_reserve(us::index_limits_t(index.size(), threads)))
+      throw LogFormat(what + ": cannot reserve search contexts");
     contexts.resize(threads);
     for (size_t i = 0; i < threads; ++i) free.push_back(i);
   }
@@ -190,8 +129,8 @@ struct Graph::Impl {
       c.query.set(reinterpret_cast<const int8_t*>(query), layout.stride);
       walk::search(layout, c.scratch, wanted, beam, [&](uint32_t slot) {
         const I8Sums& b = sums[slot];
-        return cos_from_sums(dot_i8(c.query, reinterpret_cast<const int8_t*>(layout.vector(slot)), b.sum, layout.stride),
-                             c.query, b);
+        const auto* v = reinterpret_cast<const int8_t*>(layout.vector(slot));
+        return cos_from_sums(dot_i8(c.query, v, b.sum, layout.stride), c.query, b);
       }, admits);
     } else {
       const auto& metric = index.metric();

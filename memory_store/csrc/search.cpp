@@ -68,7 +68,9 @@ struct TopK {  // min-heap of the best k hits
   int k;
   std::vector<Hit> heap;
   struct Worse {  // a functor, so that the heap's comparisons inline
-    bool operator()(const Hit& a, const Hit& b) const { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+    bool operator()(const Hit& a, const Hit& b) const {
+      return a.score > b.score || (a.score == b.score && a.id < b.id);
+    }
   };
   bool admits(float s) const { return (int)heap.size() < k || s > heap.front().score; }
   void push(Hit h) {

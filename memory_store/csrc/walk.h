@@ -11,9 +11,10 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
-#include <usearch/index.hpp>
+#include <usearch/index_plugins.hpp>  // usearch's heaps and aligned allocator
 
 namespace memr1::walk {
 
@@ -22,6 +23,10 @@ namespace us = unum::usearch;
 // Where a saved index's nodes and vectors lie (graph.cpp parses and checks it). A node's tape: its key
 // (u64), its level (i16), the base level's links (a u32 count, then `links_base` u32 slots), then each
 // upper level's (a u32 count, then `links_upper` slots).
+struct Layout;
+// The layout of `n` bytes of a saved index_dense_t, every link checked (LogFormat naming `what` if not).
+Layout parse(const uint8_t* data, size_t n, const std::string& what);
+
 struct Layout {
   const uint8_t* vectors = nullptr;  // slot s's vector at vectors + s * stride
   size_t stride = 0, size = 0, max_level = 0, entry = 0;
