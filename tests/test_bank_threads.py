@@ -12,8 +12,12 @@ from memr1.memory_store import Add, Delete, MemoryBank, Update
 def test_search_releases_the_gil(graph):
     """With a switch interval longer than the test, a thread keeps the GIL until it lets go of it itself.
     The main thread runs again while the other is still searching only if search let go; otherwise it
-    runs only once all the searches are done. Exact scans and HNSW graph searches both let go."""
+    runs only once all the searches are done. Exact scans and HNSW graph searches both let go. Each
+    search must take long enough (here about half a millisecond) for the main thread to wake while
+    one runs: a search that lets go for a few microseconds takes the GIL back before a waiting thread
+    has woken, with or without another core."""
     n, dim, rounds = (8_000, 64, 20) if graph else (20_000, 512, 20)
+    k = 500 if graph else 3  # a graph search's work grows with k (its beam is max(k x 2, 64))
     vectors = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
     bank = MemoryBank.from_arrays(None, vectors, ["m"] * n, ["A"] * n, ["t"] * n,
                                   hnsw_threshold=1_000 if graph else 10**9)
@@ -22,7 +26,7 @@ def test_search_releases_the_gil(graph):
 
     def searcher():
         for i in range(rounds):
-            assert bank.search(query, 3).ids[0] == 7
+            assert bank.search(query, k).ids[0] == 7
             done.append(i)
 
     old = sys.getswitchinterval()
