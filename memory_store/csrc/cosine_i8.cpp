@@ -27,12 +27,10 @@ void QueryI8::set(const int8_t* data, size_t dim) {
   norm = std::sqrt(static_cast<float>(sq));
 }
 
-// usearch's metric_cos_i8 from its three sums.
-float cos_from_sums(int32_t ab, int32_t aa, int32_t bb) {
-  if (aa == 0 && bb == 0) return 0.f;
-  if (ab == 0) return 1.f;
-  float d = 1.f - static_cast<float>(ab) / (std::sqrt(static_cast<float>(aa)) * std::sqrt(static_cast<float>(bb)));
-  return d < 0.f ? 0.f : d;
+float cos_i8_reference(const int8_t* a, const int8_t* b, size_t dim) {
+  int32_t ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < dim; ++i) ab += int32_t(a[i]) * b[i], aa += int32_t(a[i]) * a[i], bb += int32_t(b[i]) * b[i];
+  return cos_from_sums(ab, aa, std::sqrt(static_cast<float>(aa)), bb, std::sqrt(static_cast<float>(bb)));
 }
 
 namespace {
@@ -96,9 +94,7 @@ std::vector<std::pair<std::string, DotI8>> dot_i8_kernels() {
 const DotI8 dot_i8 = dot_i8_kernels().back().second;
 
 std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const int8_t* b, size_t dim) {
-  int32_t ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < dim; ++i) ab += int32_t(a[i]) * b[i], aa += int32_t(a[i]) * a[i], bb += int32_t(b[i]) * b[i];
-  std::vector<std::pair<std::string, float>> out{{"reference", cos_from_sums(ab, aa, bb)}};
+  std::vector<std::pair<std::string, float>> out{{"reference", cos_i8_reference(a, b, dim)}};
   QueryI8 q;
   q.set(a, dim);
   const I8Sums sums = i8_sums(b, dim);

@@ -28,14 +28,19 @@ struct QueryI8 {
   void set(const int8_t* data, size_t dim);
 };
 
-float cos_from_sums(int32_t ab, int32_t aa, int32_t bb);
-// The same value with both square roots taken beforehand (sqrt of the float of each sum).
-inline float cos_from_sums(int32_t ab, const QueryI8& a, const I8Sums& b) {
-  if (a.sq == 0 && b.sq == 0) return 0.f;
+// usearch's metric_cos_i8 from a.b, a.a, b.b and the square roots of the floats of a.a and b.b.
+inline float cos_from_sums(int32_t ab, int32_t aa, float a_norm, int32_t bb, float b_norm) {
+  if (aa == 0 && bb == 0) return 0.f;
   if (ab == 0) return 1.f;
-  const float d = 1.f - static_cast<float>(ab) / (a.norm * b.norm);
+  const float d = 1.f - static_cast<float>(ab) / (a_norm * b_norm);
   return d < 0.f ? 0.f : d;
 }
+// The walk's form: the square roots taken beforehand, per query and per node.
+inline float cos_from_sums(int32_t ab, const QueryI8& a, const I8Sums& b) {
+  return cos_from_sums(ab, a.sq, a.norm, b.sq, b.norm);
+}
+// The distance from the plain three-sum loop: the reference every kernel must equal.
+float cos_i8_reference(const int8_t* a, const int8_t* b, size_t dim);
 
 // a.b of a query and a node vector (`b_sum`: the node's I8Sums::sum).
 using DotI8 = int32_t (*)(const QueryI8& q, const int8_t* b, int32_t b_sum, size_t dim);

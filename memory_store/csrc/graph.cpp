@@ -38,12 +38,8 @@ template <class R> void check(R& result, const std::string& what) {
 
 // The reference search's i8 cosine (usearch's array-array-size signature, pointers as words): the
 // walk's distance, from the plain three sums.
-float cos_i8_exact(size_t pa, size_t pb, size_t dim) {
-  const auto* a = reinterpret_cast<const int8_t*>(pa);
-  const auto* b = reinterpret_cast<const int8_t*>(pb);
-  int32_t ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < dim; ++i) ab += int32_t(a[i]) * b[i], aa += int32_t(a[i]) * a[i], bb += int32_t(b[i]) * b[i];
-  return cos_from_sums(ab, aa, bb);
+float cos_i8_exact(size_t a, size_t b, size_t dim) {
+  return cos_i8_reference(reinterpret_cast<const int8_t*>(a), reinterpret_cast<const int8_t*>(b), dim);
 }
 
 }  // namespace

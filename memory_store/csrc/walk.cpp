@@ -49,18 +49,13 @@ Layout parse(const uint8_t* data, size_t n, const std::string& what) {
       at += bytes;
     }
     // A link at level l must name a node present at level l: a walk reads that node's links there.
-    auto level_of = [&](uint32_t slot) {
-      int16_t level;
-      std::memcpy(&level, levels + 2 * size_t(slot), 2);
-      return level;
-    };
     for (size_t slot = 0; slot < rows; ++slot)
       for (int l = 0, top = g.level(uint32_t(slot)); l <= top; ++l) {
         const auto [links, count] = g.links(uint32_t(slot), size_t(l));
         bool bad = count > (l ? g.links_upper : g.links_base);
         for (uint32_t i = 0; !bad && i < count; ++i) {
           const uint32_t next = slot_at(links, i);
-          bad = next >= rows || level_of(next) < l;
+          bad = next >= rows || g.level(next) < l;
         }
         if (bad) throw LogFormat(what + ": node " + std::to_string(slot) + " links outside the graph");
       }
