@@ -58,16 +58,17 @@ def hnsw_index(config, keys: np.ndarray, vectors: np.ndarray) -> Index:
 class UsearchOverlay:
     """`index` keys are rows of `base` (float32, shared, never written); `base_ids` maps a row to its id;
     `removed`: base rows a compaction took out of the index (dead, kept in `base` so no row moves).
-    With `config`, it compacts itself inside the op once its overlay and hidden rows pass memr1's
-    threshold for that base (BankConfig.auto_compact_*), folding them into a copy of its index as memr1
-    folds its graphs (`compact`); forks never do."""
+    With `config`, it compacts itself inside the op once its overlay rows or its hidden rows pass
+    memr1's threshold for that base (BankConfig.auto_compact_*), folding them into a copy of its index as
+    memr1 folds its graphs (`compact`); forks never do."""
 
     def __init__(self, index: Index, base: np.ndarray, base_ids: np.ndarray, next_id: int, oversample: float,
                  config=None, removed: np.ndarray | None = None):
         self.index, self.base, self.base_ids, self.oversample = index, base, base_ids, oversample
         self.removed = np.zeros(len(base), bool) if removed is None else removed
         self.config, self.compactions, self.compaction_seconds = config, 0, 0.0
-        self.auto_at = config.auto_compact_threshold(len(base) - int(self.removed.sum())) if config is not None else None
+        # (overlay rows, hidden rows) past which it compacts, as memr1's (delta rows, dead base rows)
+        self.auto_at = config.auto_compact_thresholds(len(base) - int(self.removed.sum())) if config is not None else None
         self.base_inv = 1.0 / np.linalg.norm(base, axis=1) if len(base) else np.empty(0, np.float32)
         self.base_row = {int(i): r for r, i in enumerate(base_ids.tolist()) if not self.removed[r]}
         self.next_id = next_id
@@ -108,7 +109,7 @@ class UsearchOverlay:
             self.ids[self.n] = mid
             self.slot[mid] = self.n
             self.n += 1
-        if self.auto_at is not None and self.n + len(self.hidden) > self.auto_at:
+        if self.auto_at is not None and (self.n > self.auto_at[0] or len(self.hidden) > self.auto_at[1]):
             t = time.perf_counter()
             counts = (self.compactions + 1, self.compaction_seconds)
             self.__dict__.update(self.compact(self.config).__dict__)
@@ -191,7 +192,8 @@ class UsearchOverlay:
 
     def stats(self) -> dict:
         return {"delta_rows": self.n - len(self.dead), "dead_rows": len(self.hidden),
-                "auto_compact_at": self.auto_at, "compactions": self.compactions}
+                "auto_compact_at": self.auto_at and self.auto_at[0], "auto_compact_dead_at": self.auto_at and self.auto_at[1],
+                "compactions": self.compactions}
 
 
 class NumpyBank:
@@ -301,7 +303,8 @@ def alternate(fns: dict, n, rounds: int = 4) -> dict[str, list[int]]:
     names = list(fns)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            samples[name] += timed(fns[name], max(1, counts[name] // rounds), len(samples[name]))
+            share = counts[name] // rounds + (r < counts[name] % rounds)  # n in all, however it divides
+            samples[name] += timed(fns[name], share, len(samples[name]))
     return samples
 
 

@@ -2,10 +2,12 @@
 the float64 truth (bench.memory_impls) for every impl and phase.
 
 Phases (row key `phase`): `fresh` (as built); `after_ops` (n updates of base rows, then n deletes of
-other base rows, n = min(2,000, size / 10)); `after_compact` (each impl folded its changes into a new
+other base rows, n = min(2,500, size / 10): at 1e5, past memr1's default delta threshold (2,048 rows),
+so that its policy acts within the phase); `after_compact` (each impl folded its changes into a new
 base: memr1's compact(), the overlay's (incremental as memr1's), the dead rows dropped for numpy; usearch used
 as the bank has no compaction, so it has no such row). memr1 compacts on its own past its
-BankConfig.auto_compact_* threshold (`auto_compact_at` rows, `compactions` so far); `memr1_auto_off` is
+BankConfig.auto_compact_* thresholds (`auto_compact_at` delta rows, `auto_compact_dead_at` dead base
+rows, `compactions` so far); `memr1_auto_off` is
 a fork of the fresh bank given the same ops, which never compacts on its own: the bank without the
 policy. memr1's fresh disk row also gives `graph_check_s`, the time of a search of every row's own
 vector (outside build_s, which pays its own check: memory_store/graph.py), and what that search misses
@@ -58,7 +60,7 @@ def graph_view(path: Path, config) -> Index:
 
 
 def n_changes(size: int) -> int:
-    return min(2000, size // 10)
+    return min(2500, size // 10)
 
 
 class Scenario:
@@ -129,7 +131,7 @@ def bank_stats(bank) -> dict:
     s = bank.stats()
     return {"delta_rows": s["delta_rows"], "dead_rows": s["base_dead"], "base_rows": s["base_rows"],
             "mode": "hnsw" if s["hnsw_speakers"] else "exact", "auto_compact_at": bank.auto_compact_at,
-            "compactions": bank.compactions}
+            "auto_compact_dead_at": bank.auto_compact_dead_at, "compactions": bank.compactions}
 
 
 def compaction_cost(bank, before: tuple[int, float]) -> dict:
@@ -179,7 +181,8 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
                 obj.apply(op)
     shape.update(n_updates=sum(op[0] == UPDATE for op in scn.ops), n_deletes=sum(op[0] == DELETE for op in scn.ops))
     rows.append(row("memr1", "phase_ops", scn.size, timed_ops, layout=scn.layout, n_updates=shape["n_updates"],
-                    n_deletes=shape["n_deletes"], auto_compact_at=bank.auto_compact_at, **compaction_cost(bank, before)))
+                    n_deletes=shape["n_deletes"], auto_compact_at=bank.auto_compact_at,
+                    auto_compact_dead_at=bank.auto_compact_dead_at, **compaction_cost(bank, before)))
     measure("after_ops", list(scn.impls))
     rows += compact_rows(scn, reps)
     measure("after_compact", [impl for impl in scn.impls if impl != "usearch"])
@@ -210,8 +213,8 @@ def compact_rows(scn: Scenario, reps: int) -> list[dict]:
 def dirty_sweep_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int,
                      counts: list[int]) -> list[dict]:
     """Search p50 against c changes of base rows since the base was built (c/2 updates, c/2 deletes:
-    1.5c dirty rows), on forks of the compacted bank, which never compact on their own: where a
-    compaction threshold has to sit to hold search near the fresh p50."""
+    c/2 delta rows, c dead base rows), on forks of the compacted bank, which never compact on their
+    own: where the compaction thresholds have to sit to hold search near the fresh p50."""
     queries = clustered(n_queries, seed=scn.size + 4)
     rows = []
     for c in [c for c in counts if c <= scn.size // 10]:

@@ -9,11 +9,13 @@ Rows (`section` "scale", `layout` "disk", `phase` as in bench.memory_phases):
   before and after (`rss_mb_before`, `rss_mb_after`; the f32 rows themselves are 1.5 GB at 1e6 x 384);
 - `search` per phase with recall@k against the float64 truth (bench.memory_truth): `fresh`;
   `after_compact` (the bank after the op rows' compactions, with the few rows since); `after_ops` (a
-  fork of it given updates and deletes up to the compaction threshold: the dirtiest bank a search meets);
+  fork of it given updates and deletes up to both compaction thresholds: the dirtiest bank a search
+  meets);
 - `add`, `update`, `delete`, `noop`: each call timed alone, on the bank with its automatic compaction
-  on. Add, update and delete each get enough calls to cross the compaction threshold once
-  (`auto_compact_at` dirty rows), so `compaction_s` is one compaction at this size and `amortised_us`
-  counts it in;
+  on. Each kind starts on a freshly compacted bank (untimed) and add, update and delete run one whole
+  cycle: the calls that take their count one past its threshold (add and update: `auto_compact_at`
+  delta rows; delete: `auto_compact_dead_at` dead base rows; an update adds one of each), so
+  `compaction_s` is one compaction at this size and `amortised_us` is the steady state's;
 - `compact`: the last compaction's wall time (`s`), from the op rows: a compaction at this size costs
   the same whoever starts it;
 - `rss`: the peak RSS of the process (`peak_rss_mb`), truth arrays included.
@@ -44,22 +46,26 @@ def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_searc
     rows.append(search_row(bank, truth, queries, k, n_search, "fresh", size))
 
     rng = np.random.default_rng(size + 6)
-    n = bank.auto_compact_at + 100  # one compaction per kind
     pool = clustered(4096, seed=size + 1)
-    live = rng.permutation(size)
-    plans = {ADD: [(ADD, None, pool[i % len(pool)]) for i in range(n)],
-             UPDATE: [(UPDATE, int(i), pool[-1 - j % len(pool)]) for j, i in enumerate(live[:n])],
-             DELETE: [(DELETE, int(i), None) for i in live[n:2 * n]],
-             NOOP: [(NOOP, None, None)] * n_noop}
+    live = rng.permutation(size).tolist()
     last_compact = None
-    for kind, plan in plans.items():
+    for kind in (ADD, UPDATE, DELETE, NOOP):
+        bank.wait_for_compaction()
+        bank.compact()  # untimed: each kind runs one whole cycle, from a compaction to the next
+        delta_at, dead_at = bank.auto_compact_at, bank.auto_compact_dead_at
+        n = {ADD: delta_at, UPDATE: min(delta_at, dead_at), DELETE: dead_at, NOOP: n_noop - 1}[kind] + 1
+        targets, live = (live[:n], live[n:]) if kind in (UPDATE, DELETE) else ([], live)
+        plan = ([(ADD, None, pool[i % len(pool)]) for i in range(n)] if kind == ADD else
+                [(UPDATE, int(i), pool[-1 - j % len(pool)]) for j, i in enumerate(targets)] if kind == UPDATE else
+                [(DELETE, int(i), None) for i in targets] if kind == DELETE else [(NOOP, None, None)] * n)
         ops = [as_memr1(op) for op in plan]
         before = (bank.compactions, bank.compaction_seconds)
         samples = timed(lambda i: bank.apply(ops[i]), len(ops))
         cost = compaction_cost(bank, before)
         for op in plan:
             truth.apply(op)
-        rows.append(row("memr1", kind, size, samples, layout="disk", section="scale", auto_compact_at=bank.auto_compact_at, **cost))
+        rows.append(row("memr1", kind, size, samples, layout="disk", section="scale", auto_compact_at=delta_at,
+                        auto_compact_dead_at=dead_at, **cost))
         if cost["compacted"]:
             last_compact = cost["compaction_s"] / cost["compacted"]
         print(f"  scale: {len(ops):,} {kind} ops, {cost['compacted']} compaction(s) ({cost['compaction_s']:.0f}s)")
@@ -67,11 +73,12 @@ def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_searc
         rows.append({"impl": "memr1", "op": "compact", "bank_size": size, "layout": "disk", "section": "scale",
                      "s": last_compact})
     rows.append(search_row(bank, truth, queries, k, n_search, "after_compact", size))
-    # The dirtiest bank a search meets: a fork (forks never compact) given as many dirty rows as the
-    # threshold allows, half by updates, half by deletes of base rows.
-    dirty, dirty_truth, m = bank.fork(), truth.fork(), bank.auto_compact_at // 3
-    for op in [(UPDATE, int(i), pool[j % len(pool)]) for j, i in enumerate(live[2 * n:2 * n + m])] + \
-              [(DELETE, int(i), None) for i in live[2 * n + m:2 * n + 2 * m]]:
+    # The dirtiest bank a search meets: a fork (forks never compact) given as many delta and dead rows as
+    # the thresholds allow: updates up to the delta one, then deletes of base rows up to the dead one.
+    dirty, dirty_truth = bank.fork(), truth.fork()
+    m, d = bank.auto_compact_at, max(0, bank.auto_compact_dead_at - bank.auto_compact_at)
+    for op in [(UPDATE, int(i), pool[j % len(pool)]) for j, i in enumerate(live[:m])] + \
+              [(DELETE, int(i), None) for i in live[m:m + d]]:
         dirty.apply(as_memr1(op))
         dirty_truth.apply(op)
     rows.append(search_row(dirty, dirty_truth, queries, k, n_search, "after_ops", size))

@@ -58,8 +58,11 @@ class MemoryBank:
 
     def _install(self, core, segment: Segment) -> None:
         self._core, self._segment, self._view = core, segment, (core, segment)
-        at = self.config.auto_compact_threshold(core.base_size) if self._auto else None
-        self._compact_at = _NEVER if at is None else at
+        at = self.config.auto_compact_thresholds(core.base_size) if self._auto else None
+        self._compact_at = (_NEVER, _NEVER) if at is None else at  # (delta rows, dead base rows)
+
+    def _past_threshold(self, core) -> bool:
+        return core.delta_len > self._compact_at[0] or core.base_dead > self._compact_at[1]
 
     # ---- construction ----
     @classmethod
@@ -130,7 +133,7 @@ class MemoryBank:
         with self._write:
             self._check_writable()
             out = apply_op(self._core, self._sink(), op)
-            if self._core.dirty > self._compact_at:
+            if self._past_threshold(self._core):
                 compaction.auto(self)
             return out
 
@@ -157,7 +160,7 @@ class MemoryBank:
             if buffer is not None and len(buffer):
                 sink.put_batch(buffer)
             self._core, self._view = child._core, (child._core, self._segment)
-            if child._core.dirty > self._compact_at:
+            if self._past_threshold(child._core):
                 compaction.auto(self)
             return results
 
@@ -289,5 +292,10 @@ class MemoryBank:
 
     @property
     def auto_compact_at(self) -> int | None:
-        """The next op compacts once delta_rows + base_dead (stats) exceed this; None: never on its own."""
-        return None if self._compact_at == _NEVER else self._compact_at
+        """The next op compacts once delta_rows (stats) exceed this, or base_dead exceeds
+        `auto_compact_dead_at`; None: never on its own."""
+        return None if self._compact_at[0] == _NEVER else self._compact_at[0]
+
+    @property
+    def auto_compact_dead_at(self) -> int | None:
+        return None if self._compact_at[1] == _NEVER else self._compact_at[1]

@@ -41,7 +41,7 @@ class Generation(NamedTuple):
 def auto(bank) -> None:
     """After an op past the bank's threshold (under its write lock). The op is applied and logged
     whatever happens here, so a compaction the disk refused (the bank keeps its generation) is a
-    warning, and the next try waits until the dirty rows have doubled."""
+    warning, and the next try waits until the rows past their threshold have doubled."""
     if bank._job is not None and bank._job.thread.is_alive():
         return  # one at a time: the running one replays this op (a job whose thread is gone: a forked copy)
     if bank.config.auto_compact_background:
@@ -55,9 +55,11 @@ def auto(bank) -> None:
 
 
 def failed(bank, error: BaseException) -> None:
-    """Under the write lock: the bank's next write reports `error`; the next try waits for 2x the dirty rows."""
+    """Under the write lock: the bank's next write reports `error`; the next try waits for twice the rows
+    of each count past its threshold."""
     bank._job, bank._failed = None, error
-    bank._compact_at = 2 * bank._core.dirty
+    rows = (bank._core.delta_len, bank._core.base_dead)
+    bank._compact_at = tuple(2 * n if n > at else at for n, at in zip(rows, bank._compact_at))
 
 
 def report_failure(bank) -> None:
@@ -152,7 +154,7 @@ class Background:
                 replay(gen.core, self.recorder.records(len(records)), where, gen.log)
                 commit(bank, gen)
                 bank._job = None
-                if bank._core.dirty > bank._compact_at:  # ops came faster than the build: go again
+                if bank._past_threshold(bank._core):  # ops came faster than the build: go again
                     auto(bank)
         except BaseException as e:  # noqa: BLE001 - handed to the bank's next op (bank.py)
             if gen is not None:

@@ -160,24 +160,30 @@ class BankConfig(msgspec.Struct, frozen=True):
     # banks in memory, it builds the graph anew. 0: always anew.
     hnsw_rebuild_at: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.25
     # Automatic compaction (bank.py) of writable banks; forks and readers never compact on their own.
-    # After an op, a bank compacts once its dirty rows (delta rows + dead base rows: what a search scans
-    # or skips on top of the base) exceed max(auto_compact_min_rows, auto_compact_ratio x base rows);
-    # ratio 0 turns it off. Search pays ~1 exact row scan per delta row, about as much as a 1e5 HNSW
-    # search per 2,000 rows at dim 384, so the floor holds search near 2x there; the ratio bounds the
-    # amortised cost at larger sizes (a compaction rewrites the base once per ratio x base dirty rows).
-    # bench.memory_ops measures both: search_vs_dirty rows, and ops that compact (phase_ops, op rows).
+    # After an op, a bank compacts once its delta rows exceed max(auto_compact_min_rows,
+    # auto_compact_ratio x base rows), or its dead base rows (deleted or superseded) exceed
+    # max(auto_compact_min_rows, auto_compact_dead_ratio x base rows); ratio 0 turns it off. Search
+    # pays ~1 exact row scan per delta row, about as much as a 1e5 HNSW search per 2,000 rows at dim
+    # 384, so the floor holds search near 2x there; the ratio bounds the amortised cost at larger sizes
+    # (a compaction rewrites the base once per ratio x base changed rows). A dead row costs a search
+    # only a skipped candidate: a graph walks plainly, with a small margin, while at most 1/8 of its
+    # base is dead (csrc/graph.cpp), hence the dead ratio's default. bench.memory_ops measures both:
+    # search_vs_dirty rows, and ops that compact (phase_ops, op rows).
     auto_compact_ratio: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.02
+    auto_compact_dead_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.125
     auto_compact_min_rows: Annotated[int, Meta(ge=1)] = 2_048
     # True: the op that crosses the threshold starts the compaction in a background thread and returns;
     # ops and searches use the old generation until the new one is committed (compaction.py).
     # False: that op compacts before it returns (seconds at 1e5 rows).
     auto_compact_background: bool = True
 
-    def auto_compact_threshold(self, base_rows: int) -> int | None:
-        """Dirty rows past which a writable bank over `base_rows` compacts itself; None: never."""
+    def auto_compact_thresholds(self, base_rows: int) -> tuple[int, int] | None:
+        """(delta rows, dead base rows) past either of which a writable bank over `base_rows` compacts
+        itself; None: never."""
         if self.auto_compact_ratio <= 0:
             return None
-        return max(self.auto_compact_min_rows, int(self.auto_compact_ratio * base_rows))
+        return (max(self.auto_compact_min_rows, int(self.auto_compact_ratio * base_rows)),
+                max(self.auto_compact_min_rows, int(self.auto_compact_dead_ratio * base_rows)))
 
 
 class Manifest(msgspec.Struct):

@@ -39,28 +39,62 @@ def test_triggers_past_the_floor_and_not_before(background):
 
 
 @pytest.mark.parametrize("background", [False, True])
-def test_triggers_past_the_ratio_of_the_base_and_not_before(tmp_path, background):
+def test_each_count_triggers_past_its_ratio_of_the_base_and_not_before(tmp_path, background):
+    """Delta rows (scanned by every search) and dead base rows (skipped) have their own thresholds; an
+    update of a base row adds one to each."""
     n = 1000
     bank = MemoryBank.from_arrays(tmp_path / "b", vecs(n), [f"m{i}" for i in range(n)], ["A"] * n, ["t"] * n,
-                                  auto_compact_min_rows=100, auto_compact_ratio=0.5, auto_compact_background=background)
-    assert bank.auto_compact_at == 500
-    v = vecs(400, seed=1)
-    for i in range(250):  # an update of a base row: one delta row and one dead base row
-        bank.apply(Update(i, f"u{i}", v[i]))
+                                  auto_compact_min_rows=100, auto_compact_ratio=0.5, auto_compact_dead_ratio=0.2,
+                                  auto_compact_background=background)
+    assert (bank.auto_compact_at, bank.auto_compact_dead_at) == (500, 200)
+
+    def settled(compactions, delta, dead):
+        bank.wait_for_compaction()
+        s = bank.stats()
+        assert (bank.compactions, s["delta_rows"], s["base_dead"]) == (compactions, delta, dead)
+    for i in range(200):
+        bank.apply(Delete(i))
     bank.apply(Noop())
-    bank.wait_for_compaction()
-    assert dirty(bank) == 500 and bank.compactions == 0
-    bank.apply(Delete(999))
-    bank.wait_for_compaction()
-    assert bank.compactions == 1 and dirty(bank) == 0 and bank.stats()["base_rows"] == n - 1
-    assert bank.auto_compact_at == 499
+    settled(0, 0, 200)
+    bank.apply(Delete(200))
+    settled(1, 0, 0)
+    assert bank.stats()["base_rows"] == n - 201 and (bank.auto_compact_at, bank.auto_compact_dead_at) == (399, 159)
+    v = vecs(600, seed=1)
+    for i in range(399):
+        bank.apply(Add(f"a{i}", v[i], "A"))
+    settled(1, 399, 0)
+    bank.apply(Add("one more", v[399], "A"))
+    settled(2, 0, 0)
+    assert bank.stats()["base_rows"] == 1199 and (bank.auto_compact_at, bank.auto_compact_dead_at) == (599, 239)
+    for i in range(239):
+        bank.apply(Update(300 + i, f"u{i}", v[i]))
+    settled(2, 239, 239)
+    bank.apply(Update(299, "the dead count crosses first", v[0]))
+    settled(3, 0, 0)
     # apply_batch checks once, after the whole batch
-    bank.apply_batch([Update(300 + i, "b", v[i]) for i in range(249)] + [Noop()])
-    bank.wait_for_compaction()
-    assert bank.compactions == 1 and dirty(bank) == 498
-    bank.apply_batch([Delete(600), Delete(601)])
-    bank.wait_for_compaction()
-    assert bank.compactions == 2 and dirty(bank) == 0
+    bank.apply_batch([Delete(600 + i) for i in range(239)] + [Noop()])
+    settled(3, 0, 239)
+    bank.apply_batch([Delete(900), Delete(901)])
+    settled(4, 0, 0)
+    bank.close()
+
+
+def test_a_refused_compaction_backs_off_only_the_count_that_crossed(tmp_path, monkeypatch):
+    import errno
+    from memr1.memory_store import BankIOError, compaction
+
+    def full_disk(*args):
+        raise BankIOError("cannot write generation 1: No space left on device; the bank is unchanged", errno.ENOSPC)
+    n = 100
+    bank = MemoryBank.from_arrays(tmp_path / "b", vecs(n), [f"m{i}" for i in range(n)], ["A"] * n, ["t"] * n,
+                                  auto_compact_min_rows=20, auto_compact_ratio=0.1, auto_compact_dead_ratio=0.3,
+                                  auto_compact_background=False)
+    assert (bank.auto_compact_at, bank.auto_compact_dead_at) == (20, 30)
+    monkeypatch.setattr(compaction, "prepare_generation", full_disk)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        for i in range(31):
+            bank.apply(Delete(i))
+    assert bank.compactions == 0 and (bank.auto_compact_at, bank.auto_compact_dead_at) == (20, 62)
     bank.close()
 
 

@@ -139,7 +139,7 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
             if after["compactions"] == phases["fresh"]["compactions"]:
                 assert after["dead_rows"] == changed
             else:
-                assert after["delta_rows"] + after["dead_rows"] <= after["auto_compact_at"]
+                assert after["delta_rows"] <= after["auto_compact_at"] and after["dead_rows"] <= after["auto_compact_dead_at"]
         if impl == "numpy_copy":
             assert after["dead_rows"] == after["n_deletes"]
         fresh_delta = size if layout == "memory" else 0
@@ -151,8 +151,8 @@ def test_quick_run_searches_every_phase_with_measured_recall(quick):
             assert ops["n"] == changed and ops["max_us"] >= ops["p99_us"] >= ops["p50_us"] > 0
             assert ops["compacted"] == after["compactions"] - phases["fresh"]["compactions"]
             assert (ops["compaction_s"] > 0) == (ops["compacted"] > 0) and ops["amortised_us"] >= ops["mean_us"]
-            # past the threshold an op compacts, so after the ops the bank is within it
-            assert after["delta_rows"] + after["dead_rows"] <= after["auto_compact_at"]
+            # past a threshold an op compacts, so after the ops the bank is within both
+            assert after["delta_rows"] <= after["auto_compact_at"] and after["dead_rows"] <= after["auto_compact_dead_at"]
             if ops["compacted"] == 0:
                 assert after["delta_rows"] == fresh_delta + after["n_updates"]
             assert phases["after_compact"]["delta_rows"] == phases["after_compact"]["dead_rows"] == 0
@@ -191,9 +191,16 @@ def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
     for size in quick["settings"]["disk_sizes"]:
         assert {("memr1", op, size) for op in ("add", "update", "delete", "noop", "fork")} <= ops
         for r in rows:
-            if r["impl"] == "memr1" and r["op"] in ("add", "update", "delete", "noop") and r["bank_size"] == size:
+            if r["impl"] in ("memr1", "usearch_overlay") and r["op"] in ("add", "update", "delete", "noop") \
+                    and r["bank_size"] == size:
                 assert isinstance(r["compacted"], int) and r["auto_compact_at"] >= MIN_ROWS
                 assert r["max_us"] >= r["p50_us"] and r["mean_us"] > 0
+                # one compaction cycle per kind: ops just past the kind's threshold, or none reachable
+                at = {"add": r["auto_compact_at"], "update": min(r["auto_compact_at"], r["auto_compact_dead_at"]),
+                      "delete": r["auto_compact_dead_at"]}.get(r["op"])
+                assert r["compacted"] == (at is not None and r["n"] == at + 1), r
+                if r["op"] == "add" or (size == max(quick["settings"]["disk_sizes"]) and at is not None):
+                    assert r["n"] == at + 1 and r["compacted"] == 1, r  # always reachable there
         assert {("usearch_overlay", "fork", size), ("numpy_copy", "fork", size)} <= ops
 
 
@@ -202,7 +209,7 @@ def test_scale_section_crosses_the_threshold_once_per_kind_with_measured_recall(
     its own compaction, recall measured in every phase, and the build's reachability check reported."""
     from memr1.bench.memory_scale import scale_rows
     config = BankConfig(dim=clustered(1, seed=0).shape[1], fsync="never", auto_compact_min_rows=300,
-                        auto_compact_ratio=0.01)
+                        auto_compact_ratio=0.01, auto_compact_dead_ratio=0.1)
     rows = scale_rows(6000, config, tmp_path, k=10, n_queries=20, n_search=40, n_noop=50)
     assert all(r["section"] == "scale" and r["bank_size"] == 6000 for r in rows)
     by = {(r["op"], r.get("phase")): r for r in rows}
@@ -212,10 +219,15 @@ def test_scale_section_crosses_the_threshold_once_per_kind_with_measured_recall(
         r = by[("search", phase)]
         assert r["mode"] == "hnsw" and 0.9 <= r["recall_at_k"] <= 1.0 and r["n"] == 40
     dirt = {p: by[("search", p)]["delta_rows"] + by[("search", p)]["dead_rows"] for p in ("after_ops", "after_compact")}
-    assert dirt["after_ops"] - dirt["after_compact"] == 300  # the fork: 100 updates (2 rows each), 100 deletes
-    for kind in ("add", "update", "delete"):
+    # the fork: updates up to the delta threshold (a delta row and a dead row each), then deletes up to the dead one
+    last = by[("search", "after_compact")]
+    assert dirt["after_ops"] - dirt["after_compact"] == last["auto_compact_at"] + last["auto_compact_dead_at"]
+    for kind in ("add", "update", "delete"):  # one cycle each: one past the kind's threshold
         r = by[(kind, None)]
-        assert r["n"] == 400 and r["compacted"] >= 1 and r["amortised_us"] > r["mean_us"]  # background compactions
+        at = {"add": r["auto_compact_at"], "update": min(r["auto_compact_at"], r["auto_compact_dead_at"]),
+              "delete": r["auto_compact_dead_at"]}[kind]
+        assert r["n"] == at + 1 and r["compacted"] == 1 and r["amortised_us"] > r["mean_us"]  # background compactions
+    assert by[("delete", None)]["n"] > by[("update", None)]["n"]  # the dead rows' own, higher threshold
     assert by[("noop", None)]["compacted"] == 0 and by[("compact", None)]["s"] > 0
     assert by[("rss", None)]["peak_rss_mb"] >= by[("build", None)]["rss_mb_after"]
     head = {h["name"]: h for h in headline(rows)}

@@ -181,8 +181,6 @@ class State {
   int64_t delta_len() const { return delta_len_; }
   int64_t base_dead() const { return base_dead_; }
   int64_t base_size() const { return base_ ? base_->n : 0; }
-  // Rows a search pays extra for until compaction: the delta it scans, the base rows it must skip.
-  int64_t dirty() const { return delta_len_ + base_dead_; }
 
   static void validate_vector(const float* v, int dim, float* inv_norm, bool bounded = true);
   static void check_label(const std::string& s, const char* what, size_t max_bytes);

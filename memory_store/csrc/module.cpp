@@ -325,7 +325,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("lsn", &State::lsn)
       .def_property_readonly("delta_len", &State::delta_len)
       .def_property_readonly("base_dead", &State::base_dead)
-      .def_property_readonly("dirty", &State::dirty)
       .def_property_readonly("base_size", &State::base_size);
 
   // One search per state (forks of one bank: one base) for the rows of `queries` ([n, dim] float32):
