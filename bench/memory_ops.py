@@ -30,7 +30,8 @@ import numpy as np
 
 from memr1.bench.common import headline_entry, print_table, write_json
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
-from memr1.bench.memory_phases import Scenario, compaction_cost, dirty_sweep_rows, phase_rows
+from memr1.bench.memory_phases import (Scenario, compaction_cost, cycle_threshold, dirty_sweep_rows, kind_ops,
+                                      phase_rows)
 from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
 from memr1.bench.memory_scale import scale_rows
 from memr1.memory_store import BankConfig, MemoryBank
@@ -54,16 +55,12 @@ def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
         bank.wait_for_compaction()
         bank.compact()
         scn.impls["usearch_overlay"] = overlay = scn.impls["usearch_overlay"].compact(scn.config)
-        at = {ADD: bank.auto_compact_at, UPDATE: min(bank.auto_compact_at, bank.auto_compact_dead_at),
-              DELETE: bank.auto_compact_dead_at, NOOP: None}[kind]
+        at = cycle_threshold(kind, bank.auto_compact_at, bank.auto_compact_dead_at)
         n = n_ops if kind == NOOP else at + 1 if kind == ADD or at < len(live) else min(n_ops, len(live))
         counts = {"memr1": n, "usearch": min(n, n_slow), "usearch_overlay": n, "numpy_copy": n}
         if kind == NOOP:
             del counts["usearch"]
-        pool = scn.pool
-        seq = ([(ADD, None, pool[i % len(pool)]) for i in range(n)] if kind == ADD else
-               [(UPDATE, live[i], pool[-1 - i % len(pool)]) for i in range(n)] if kind == UPDATE else
-               [(DELETE, live[-1 - i], None) for i in range(n)] if kind == DELETE else [(NOOP, None, None)] * n)
+        seq = kind_ops(kind, n, live[::-1] if kind == DELETE else live, scn.pool)  # deletes from the end
         plan = {impl: [as_memr1(op) for op in seq] if impl == "memr1" else seq for impl in counts}
         fns = {i: (lambda j, obj=scn.impls[i], ops=plan[i]: obj.apply(ops[j])) for i in counts}
         before = (bank.compactions, bank.compaction_seconds)

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from usearch.index import Index
 
-from memr1.bench.memory_impls import (DELETE, UPDATE, NumpyBank, UsearchBank, UsearchOverlay, alternate, as_memr1,
-                                      clustered, hnsw_index, row)
+from memr1.bench.memory_impls import (ADD, DELETE, NOOP, UPDATE, NumpyBank, UsearchBank, UsearchOverlay, alternate,
+                                      as_memr1, clustered, hnsw_index, row)
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import Add, MemoryBank
 from memr1.memory_store.graph import SCREEN_BEAM, missed_by_search
@@ -132,6 +132,25 @@ def bank_stats(bank) -> dict:
     return {"delta_rows": s["delta_rows"], "dead_rows": s["base_dead"], "base_rows": s["base_rows"],
             "mode": "hnsw" if s["hnsw_speakers"] else "exact", "auto_compact_at": bank.auto_compact_at,
             "auto_compact_dead_at": bank.auto_compact_dead_at, "compactions": bank.compactions}
+
+
+def cycle_threshold(kind: str, delta_at: int, dead_at: int) -> int | None:
+    """The count an op kind drives towards a compaction, as its threshold: add, delta rows; update, one
+    delta row and one dead base row each, so whichever threshold is lower; delete (of base rows), dead
+    rows; noop, none. One past it, the kind's ops have run one whole compaction cycle."""
+    return {ADD: delta_at, UPDATE: min(delta_at, dead_at), DELETE: dead_at}.get(kind)
+
+
+def kind_ops(kind: str, n: int, targets: list[int], pool: np.ndarray) -> list[tuple]:
+    """n ops of one kind in the baselines' form: adds and updates take pool vectors, updates and
+    deletes hit `targets` (live ids, at least n)."""
+    if kind == ADD:
+        return [(ADD, None, pool[i % len(pool)]) for i in range(n)]
+    if kind == UPDATE:
+        return [(UPDATE, int(targets[i]), pool[-1 - i % len(pool)]) for i in range(n)]
+    if kind == DELETE:
+        return [(DELETE, int(targets[i]), None) for i in range(n)]
+    return [(NOOP, None, None)] * n
 
 
 def compaction_cost(bank, before: tuple[int, float]) -> dict:

@@ -27,7 +27,8 @@ import numpy as np
 
 from memr1.bench.common import status_mb
 from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, as_memr1, clustered, row, timed
-from memr1.bench.memory_phases import bank_stats, compaction_cost, graph_check, graph_view, saved_graph
+from memr1.bench.memory_phases import (bank_stats, compaction_cost, cycle_threshold, graph_check, graph_view, kind_ops,
+                                      saved_graph)
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import MemoryBank
 
@@ -53,11 +54,11 @@ def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_searc
         bank.wait_for_compaction()
         bank.compact()  # untimed: each kind runs one whole cycle, from a compaction to the next
         delta_at, dead_at = bank.auto_compact_at, bank.auto_compact_dead_at
-        n = {ADD: delta_at, UPDATE: min(delta_at, dead_at), DELETE: dead_at, NOOP: n_noop - 1}[kind] + 1
-        targets, live = (live[:n], live[n:]) if kind in (UPDATE, DELETE) else ([], live)
-        plan = ([(ADD, None, pool[i % len(pool)]) for i in range(n)] if kind == ADD else
-                [(UPDATE, int(i), pool[-1 - j % len(pool)]) for j, i in enumerate(targets)] if kind == UPDATE else
-                [(DELETE, int(i), None) for i in targets] if kind == DELETE else [(NOOP, None, None)] * n)
+        at = cycle_threshold(kind, delta_at, dead_at)
+        n = n_noop if at is None else at + 1
+        plan = kind_ops(kind, n, live, pool)
+        if kind in (UPDATE, DELETE):
+            live = live[n:]
         ops = [as_memr1(op) for op in plan]
         before = (bank.compactions, bank.compaction_seconds)
         samples = timed(lambda i: bank.apply(ops[i]), len(ops))

@@ -292,8 +292,7 @@ class MemoryBank:
 
     @property
     def auto_compact_at(self) -> int | None:
-        """The next op compacts once delta_rows (stats) exceed this, or base_dead exceeds
-        `auto_compact_dead_at`; None: never on its own."""
+        """An op compacts once delta_rows (stats) exceed this, or base_dead auto_compact_dead_at; None: never."""
         return None if self._compact_at[0] == _NEVER else self._compact_at[0]
 
     @property
