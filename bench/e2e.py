@@ -23,8 +23,9 @@ such setting). TRL's micro-batches hold as many completions as fit memr1's learn
 Legs run the trainers in mirrored order (s0, s1, trl, trl, s1, s0, ...), each from the base weights at
 step 0. Both sides' legs drop their first step (warm-up) only, so an async leg's last step, which has
 nothing left to overlap, is timed too. Rows: median step_s with its spread, steps_per_s = 1 / median step_s,
-wall_per_step_s (the headline: per leg, the wall time from the end of its first step to the end of its
-last over the steps between, so an async leg's drain is paid; the median over legs),
+wall_per_step_s (the headline: per leg, memr1's wall time from the start of its second step's rollout
+to the end of its last step, TRL's timed steps end to end, over the timed steps, so each window holds one
+rollout and one training step per timed step and an async leg's drain is paid; the median over legs),
 tokens_per_s = the median over steps of completion tokens / step seconds, signal_frac: the share of
 completion tokens in groups whose rewards differ (memr1's learner trains only those unless it is the
 noskip row; TRL computes all), and every trainer's gen_s, train_s and sync_s (TRL's: its `_generate`
@@ -122,7 +123,7 @@ def memr1_steps(metrics: list[dict]) -> list[dict]:
 
 def make_row(setup: Setup, trainer: str, steps: list[dict], walls: list[float], generation: str,
              settings: dict) -> dict:
-    """`walls`: per leg, its wall seconds from the end of its first step to the end of its last, per step."""
+    """`walls`: per leg, its wall seconds per timed step (bench.loop.run_leg's window for memr1's legs)."""
     step_s = [m["step_s"] for m in steps]
     med = statistics.median(step_s)
     cfg = setup.stage.cfg

@@ -12,10 +12,13 @@ share the cores, so its gen_s and train_s are contended; the sync row's ratio is
            learner and answer-stage shape (prompts per step, group size, token budget, lr)
 Legs run staleness 0, 1, 1, 0, ... so drift over the run hits both modes alike. Every leg starts from the
 base weights (a fresh learner, the generator reloaded) at step 0, so both modes see the same prompts; its
-first step (warm-up) is not timed. The headline is `wall_per_step_s`: a leg's wall time from the end
-of its first step to the end of its last, over the steps in between, so it includes the last step,
-which async mode has nothing left to overlap with (the pipeline drain that a stage of 5-15 steps pays).
-`step_s` is the median of the learner's own per-step times over the same steps."""
+first step (warm-up) is not timed. The headline is `wall_per_step_s`: a leg's wall time from the start
+of its second step's rollout to the end of its last step, over the steps after the first. Both modes
+then hold the same work in the window, one rollout and one training step per timed step; it includes the
+last step, which async mode has nothing left to overlap with (the pipeline drain that a stage of 5-15
+steps pays). Starting the window at the end of the first step instead would leave out the rollout that
+async mode overlaps with that step's training: with one timed step, the async leg would be timed on its
+training alone. `step_s` is the median of the learner's own per-step times over the same steps."""
 import argparse
 import statistics
 import tempfile
@@ -95,23 +98,33 @@ def smollm2_setup(dtype: str | None = None) -> Setup:
 
 def run_leg(setup: Setup, staleness: int, steps: int) -> tuple[list[dict], float]:
     """One leg from the base weights: the per-step metrics of its timed steps (all but the first), and the
-    wall seconds from the end of the first step to the end of the last."""
+    wall seconds from the start of step 1's rollout to the end of the last step."""
     from memr1.engine.config.run import LoopConfig
     from memr1.engine.generation.weights import push_weights
     from memr1.engine.loop import Loop
 
     learner = setup.make_learner()
     push_weights(learner, setup.gen, 0)  # the base weights, version 0
-    metrics, stamps = [], []
+    metrics, ends, starts = [], [], {}
 
     def record(m):
         metrics.append(m)
-        stamps.append(time.perf_counter())
-    Loop(setup.stage, setup.gen, learner, LoopConfig(max_staleness=staleness, checkpoint_every=0), steps,
-         record).run()
+        ends.append(time.perf_counter())
+
+    stage = setup.stage
+    rollout = stage.rollout
+
+    def timed_rollout(step, generator):  # the producer thread calls this; its start opens the window
+        starts.setdefault(step, time.perf_counter())
+        return rollout(step, generator)
+    stage.rollout = timed_rollout
+    try:
+        Loop(stage, setup.gen, learner, LoopConfig(max_staleness=staleness, checkpoint_every=0), steps, record).run()
+    finally:
+        stage.rollout = rollout
     if len(metrics) != steps or any(m.get("skipped") for m in metrics):
         raise RuntimeError(f"leg at staleness {staleness} trained {len(metrics)} of {steps} steps")
-    return metrics[1:], stamps[-1] - stamps[0]
+    return metrics[1:], ends[-1] - starts[1]
 
 
 def bench_row(setup: Setup, legs: int, timed: int) -> list[dict]:

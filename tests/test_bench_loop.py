@@ -1,5 +1,6 @@
 """bench.loop: legs alternate staleness 0, 1, 1, 0 and rows take medians of the timed steps; a --quick run
-on the tiny model writes both rows with the gen/train balance and the JSON's provenance."""
+on the tiny model writes both rows with the gen/train balance and the JSON's provenance, and each mode's
+wall time per step covers its rollouts."""
 import json
 import subprocess
 import sys
@@ -47,6 +48,8 @@ def test_quick_run_rows_and_provenance(tmp_path):
         lo, hi = r["step_s_spread"]
         assert 0 < lo <= r["step_s"] <= hi and r["gen_s"] > 0 and r["train_s"] > 0
     assert data["rows"][0]["idle_s"] > 0  # synchronous: the learner waits for every rollout
+    for r in data["rows"]:  # each leg's window holds its timed step's rollout: no mode is timed on training alone
+        assert r["wall_per_step_s"] >= r["gen_s"], r
     assert data["settings"]["order"] == [0, 1, 1, 0]
     (h,) = data["headline"]
     sync, lag = data["rows"]
