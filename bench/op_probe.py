@@ -5,9 +5,9 @@
 The run's manager stage, built as training builds it (its items, guards, frozen answer agent = the
 run's final answer-agent checkpoint), scores the oracle's reply and each one-mistake reply on N train
 items (the first N of the stage's shuffled walk). Rows: per variant (ADD:skip, ADD:overwrite,
-UPDATE:as_add, DELETE:skip, NONE:add, NONE:update), the items that hold that op kind, the share whose
-reward differs, and the mean outcome score with the oracle's reply and with the mistake. The headline
-is that share per variant: how much of each mistake the reward can see.
+UPDATE:as_add, UPDATE:wrong_id, DELETE:skip, NONE:add, NONE:update), the items that hold that op kind,
+the share whose reward differs, and the mean outcome score with the oracle's reply and with the mistake.
+The headline is that share per variant: how much of each mistake the reward can see.
 """
 import argparse
 from pathlib import Path

@@ -5,6 +5,7 @@ applied to its own fork and scored by `ManagerStage.score`, the function rollout
   ADD:skip        the new fact is not written
   ADD:overwrite   the new fact overwrites the first shown memory (UPDATE instead of ADD)
   UPDATE:as_add   a changed fact is written as a new memory; the stale one stays
+  UPDATE:wrong_id a changed fact overwrites another shown memory: the stale one stays and the other is lost
   DELETE:skip     a memory that is no longer true stays
   NONE:add        a restatement is written as a second memory
   NONE:update     a restatement replaces the (often more detailed) memory it restates
@@ -17,7 +18,8 @@ import json
 from memr1.rl.data.synthetic import call_ops
 from memr1.rl.warm import manager_target
 
-VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "DELETE:skip", "NONE:add", "NONE:update")
+VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "UPDATE:wrong_id", "DELETE:skip", "NONE:add",
+            "NONE:update")
 
 
 def _reply(ops: list[dict], n_shown: int) -> str:
@@ -45,6 +47,9 @@ def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, tu
             out["ADD:overwrite"] = _reply(ops[:i] + [swap] + ops[i + 1:], n)
     if (i := first("UPDATE")) is not None:
         out["UPDATE:as_add"] = _reply(ops[:i] + ops[i + 1:] + [{"text": ops[i]["text"], "event": "ADD"}], n)
+        if (other := next((str(j) for j in range(n) if str(j) not in used), None)) is not None:
+            wrong = {**ops[i], "id": other, "old_memory": shown[int(other)]}
+            out["UPDATE:wrong_id"] = _reply(ops[:i] + [wrong] + ops[i + 1:], n)
     if (i := first("DELETE")) is not None:
         out["DELETE:skip"] = _reply(ops[:i] + ops[i + 1:], n)
     facts = {e["slot"]: e["fact"] for e in oracle["timeline"] if e["dia_id"] in item.call["dia_ids"]}

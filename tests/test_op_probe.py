@@ -61,6 +61,10 @@ def test_each_variant_makes_its_one_mistake():
                 assert not extra and sum(missing.values()) == 1
             elif variant == "ADD:overwrite":
                 assert sum(missing.values()) == 1 and set(missing) == {shown[0]} and not extra
+            elif variant == "UPDATE:wrong_id":
+                # the stale memory stays, another shown one is lost to the new fact
+                assert sum(extra.values()) == sum(missing.values()) == 1
+                assert set(extra) <= set(before) and set(missing) <= set(shown)
             elif variant == "NONE:add":   # a second memory (its text may equal the restated one)
                 assert sum(extra.values()) == 1 and not missing
             else:   # NONE:update: the restated memory is replaced by the restatement (a no-op when they match)
