@@ -15,6 +15,7 @@ replies give different EM is the share of that kind's decisions the reward can t
 """
 import json
 
+from memr1.rl.agents.manager import reply_item
 from memr1.rl.data.synthetic import call_ops
 from memr1.rl.warm import manager_target
 
@@ -22,15 +23,8 @@ VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "UPDATE:wrong_id", "DE
             "NONE:update")
 
 
-def _reply(ops: list[dict], n_shown: int) -> str:
-    """The op JSON with the ADDs renumbered after the shown ids, as the prompt asks."""
-    out, k = [], 0
-    for op in ops:
-        if op["event"] == "ADD":
-            op = {**op, "id": str(n_shown + k)}
-            k += 1
-        out.append(op)
-    return json.dumps({"memory": out}, ensure_ascii=False)
+def _reply(ops: list[dict]) -> str:
+    return json.dumps({"memory": ops}, ensure_ascii=False)
 
 
 def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, turn) -> tuple[str, dict[str, str]]:
@@ -41,26 +35,26 @@ def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, tu
     first = lambda event: next((i for i, op in enumerate(ops) if op["event"] == event), None)
     used = {op["id"] for op in ops if op["event"] != "ADD"}
     if (i := first("ADD")) is not None:
-        out["ADD:skip"] = _reply(ops[:i] + ops[i + 1:], n)
+        out["ADD:skip"] = _reply(ops[:i] + ops[i + 1:])
         if n and "0" not in used:
-            swap = {"id": "0", "text": ops[i]["text"], "event": "UPDATE", "old_memory": shown[0]}
-            out["ADD:overwrite"] = _reply(ops[:i] + [swap] + ops[i + 1:], n)
+            swap = reply_item("UPDATE", 0, ops[i]["text"], shown[0])
+            out["ADD:overwrite"] = _reply(ops[:i] + [swap] + ops[i + 1:])
     if (i := first("UPDATE")) is not None:
-        out["UPDATE:as_add"] = _reply(ops[:i] + ops[i + 1:] + [{"text": ops[i]["text"], "event": "ADD"}], n)
+        out["UPDATE:as_add"] = _reply(ops[:i] + ops[i + 1:] + [reply_item("ADD", text=ops[i]["text"])])
         if (other := next((str(j) for j in range(n) if str(j) not in used), None)) is not None:
-            wrong = {**ops[i], "id": other, "old_memory": shown[int(other)]}
-            out["UPDATE:wrong_id"] = _reply(ops[:i] + [wrong] + ops[i + 1:], n)
+            wrong = reply_item("UPDATE", int(other), ops[i]["text"], shown[int(other)])
+            out["UPDATE:wrong_id"] = _reply(ops[:i] + [wrong] + ops[i + 1:])
     if (i := first("DELETE")) is not None:
-        out["DELETE:skip"] = _reply(ops[:i] + ops[i + 1:], n)
+        out["DELETE:skip"] = _reply(ops[:i] + ops[i + 1:])
     facts = {e["slot"]: e["fact"] for e in oracle["timeline"] if e["dia_id"] in item.call["dia_ids"]}
     local = {text: str(i) for i, text in reversed(list(enumerate(shown)))}
     restated = [op for op in call_ops(oracle["timeline"], item.call["dia_ids"])
                 if op["event"] == "NONE" and op["old_memory"] in local and local[op["old_memory"]] not in used]
     if restated:
         op = restated[0]
-        out["NONE:add"] = _reply(ops + [{"text": facts[op["slot"]], "event": "ADD"}], n)
-        out["NONE:update"] = _reply(ops + [{"id": local[op["old_memory"]], "text": facts[op["slot"]],
-                                            "event": "UPDATE", "old_memory": op["old_memory"]}], n)
+        out["NONE:add"] = _reply(ops + [reply_item("ADD", text=facts[op["slot"]])])
+        out["NONE:update"] = _reply(ops + [reply_item("UPDATE", int(local[op["old_memory"]]), facts[op["slot"]],
+                                                      op["old_memory"])])
     return target, out
 
 

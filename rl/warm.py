@@ -10,11 +10,13 @@ on a ratio of 1 has the gradient of the reply's negative log-likelihood: supervi
 - manager: the oracle's ops for the call, in the op JSON the prompt asks for (every shown memory with
   its event, then the ADDs).
 The oracle decides only what is imitated here; RL stages are rewarded by outcomes alone.
+
 """
 import json
 import time
 
 from memr1.rl.agents.answer import AnswerConfig, memory_lines
+from memr1.rl.agents.manager import reply_item
 from memr1.rl.data.synthetic import call_ops
 from memr1.rl.generation import chat_prompt_ids, reply_ids
 from memr1.rl.items import step_items
@@ -37,25 +39,23 @@ def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -
 def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict,
                    list_unchanged: bool = True) -> str:
     """The oracle's net ops for one call (`call_ops`), against the memories its prompt shows (local ids
-    0..k-1); every shown memory is listed (NONE included) or, without `list_unchanged`, only the
-    changed ones. An op on a memory the prompt does not show is left out: no reply could name it."""
+    0..k-1), each as `reply_item` writes it; every shown memory is listed (NONE included) or, without
+    `list_unchanged`, only the changed ones. An op on a memory the prompt does not show is left out:
+    no reply could name it."""
     local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
     on_shown: dict[int, dict] = {}
     adds = []
     for op in call_ops(oracle["timeline"], call["dia_ids"]):
         if op["event"] == "ADD":
-            adds.append({"text": op["text"], "event": "ADD"})
+            adds.append(reply_item("ADD", text=op["text"]))
             continue
         i = local.get(op["old_memory"])
-        if i is None:
-            continue
-        on_shown[i] = {"id": str(i), "text": op["text"], "event": op["event"]}
-        if op["event"] == "UPDATE":
-            on_shown[i]["old_memory"] = shown_texts[i]
-    out = [on_shown.get(i, {"id": str(i), "text": t, "event": "NONE"}) for i, t in enumerate(shown_texts)]
+        if i is not None:
+            on_shown[i] = reply_item(op["event"], i, op["text"], shown_texts[i])
+    out = [on_shown.get(i, reply_item("NONE", i, old_memory=t)) for i, t in enumerate(shown_texts)]
     if not list_unchanged:
         out = [op for op in out if op["event"] != "NONE"]
-    out += [{"id": str(len(shown_texts) + k), **op} for k, op in enumerate(adds)]
+    out += adds
     return json.dumps({"memory": out}, ensure_ascii=False)
 
 

@@ -7,7 +7,7 @@ from memr1.memory_store import HashEmbedder, MemoryBank
 from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, longest_reply_to_fit,
                                     parse_answer)
 from memr1.rl.agents.extract import EXAMPLES, build_extract_messages, grounded, parse_facts
-from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts,
+from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts, reply_item,
                                      parse_manager_output, to_store_ops)
 from memr1.rl.data.synthetic import synthesize
 from memr1.rl.rewards import RewardConfig, manager_reward
@@ -68,7 +68,8 @@ def test_manager_prompt_uses_small_local_ids():
     p = build_manager_prompt(["Andrew has 2 dogs"], memories, speaker="Andrew", date_time="10 May 2023")
     assert p.bank_ids == [90817, 5]
     user = p.messages[1]["content"]
-    assert '{"id": "0", "text": "Andrew has 1 dog"}' in user and '"id": "1"' in user
+    # text first, id second: the id a reply needs follows the memory text it has just copied
+    assert '{"text": "Andrew has 1 dog", "id": "0"}' in user and '{"text": "Andrew lives in Lyon", "id": "1"}' in user
     assert "90817" not in user and "Andrew has 2 dogs" in user
     for word in ("ADD", "UPDATE", "DELETE", "NONE", "old_memory"):
         assert word in p.messages[0]["content"]
@@ -76,6 +77,20 @@ def test_manager_prompt_uses_small_local_ids():
         build_manager_prompt("not a list", memories)
     with pytest.raises(TypeError, match="memories"):
         build_manager_prompt([], [("x",)])
+
+
+def test_reply_items_decide_the_event_then_copy_the_memory_then_name_it():
+    assert list(reply_item("UPDATE", 1, "Andrew has 2 dogs", "Andrew has 1 dog")) == ["event", "old_memory", "id", "text"]
+    assert list(reply_item("DELETE", 0, old_memory="Andrew has 1 dog")) == ["event", "old_memory", "id"]
+    assert reply_item("ADD", text="Andrew likes tea") == {"event": "ADD", "text": "Andrew likes tea"}
+    shown = [(7, "Andrew has 1 dog", ""), (9, "Andrew lives in Lyon", "")]
+    reply = json.dumps({"memory": [reply_item("UPDATE", 1, "Andrew lives in Paris", shown[1][1]),
+                                   reply_item("DELETE", 0, old_memory=shown[0][1]),
+                                   reply_item("ADD", text="Andrew likes tea")]})
+    ops, d = parse_manager_output(reply, len(shown))   # the parser reads the example's order
+    assert d.status == "ok" and ops == [ManagerOp("UPDATE", 1, "Andrew lives in Paris", "Andrew lives in Lyon"),
+                                        ManagerOp("DELETE", 0, "", "Andrew has 1 dog"),
+                                        ManagerOp("ADD", None, "Andrew likes tea")]
 
 
 def test_manager_parser_cases():

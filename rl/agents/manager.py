@@ -2,8 +2,12 @@
 
 The model sees the retrieved memories under SMALL LOCAL ids "0".."k-1" (copying a long bank id is a
 common failure of small models); `ManagerPrompt.bank_ids[i]` maps local id i back to the bank. The
-output schema is `{"memory": [{"id", "text", "event", "old_memory"?}]}` with event ADD, UPDATE, DELETE
-or NONE. `parse_manager_output` never raises on model output: it returns the valid ops plus
+output schema is the paper's, `{"memory": [{"id", "text", "event", "old_memory"?}]}` with event ADD,
+UPDATE, DELETE or NONE, with its keys in the order a small model can decide them: the event first,
+then the shown memory the op changes, copied, then its id, then the new text. Each shown memory is
+listed text first and id second, so the id the reply needs is the token that follows the text it has
+just copied (a lookup small models do well), rather than one it must pick before it has said which
+memory it means. JSON key order carries no meaning: the parser reads any order. `parse_manager_output` never raises on model output: it returns the valid ops plus
 `ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
 """
@@ -25,20 +29,20 @@ _EVENT_ALIASES = {"NOOP": "NONE", "NO_OP": "NONE", "NO-OP": "NONE", "NOTHING": "
 
 MANAGER_SYSTEM = """You keep a memory bank about the people in a conversation. You see one person's existing
 memories (each with a short id) and new facts about them. Decide how the bank changes:
-- ADD: a fact the bank does not hold yet. Give it the next unused id.
-- UPDATE: a fact that changes or adds detail to a memory. Keep its id, write the merged text, and put
-  the previous text in "old_memory". Keep the more detailed version.
-- DELETE: a fact showing a memory is no longer true. Keep its id.
+- ADD: a fact the bank does not hold yet. It takes no id.
+- UPDATE: a fact that changes or adds detail to a memory. Copy that memory into "old_memory", give
+  its id, and write the merged text. Keep the more detailed version.
+- DELETE: a fact showing a memory is no longer true. Copy it into "old_memory" and give its id.
 - NONE: the memory stays. A fact that says the same thing in other words is NONE, not UPDATE.
-{listing} Use only ids you were shown, except for ADD. Reply with JSON only:
+{listing} Use only ids you were shown. Reply with JSON only:
 {example}"""
 LIST_ALL = ("List each existing memory once with its event, then the ADDs.",
-            """{"memory": [{"id": "0", "text": "...", "event": "NONE"},
-            {"id": "1", "text": "...", "event": "UPDATE", "old_memory": "..."},
-            {"id": "2", "text": "...", "event": "ADD"}]}""")
+            """{"memory": [{"event": "NONE", "old_memory": "...", "id": "0"},
+            {"event": "UPDATE", "old_memory": "...", "id": "1", "text": "..."},
+            {"event": "ADD", "text": "..."}]}""")
 LIST_CHANGES = ("List only the memories that change and the ADDs; when nothing changes, reply {\"memory\": []}.",
-                """{"memory": [{"id": "1", "text": "...", "event": "UPDATE", "old_memory": "..."},
-            {"id": "2", "text": "...", "event": "ADD"}]}""")
+                """{"memory": [{"event": "UPDATE", "old_memory": "...", "id": "1", "text": "..."},
+            {"event": "ADD", "text": "..."}]}""")
 
 
 _SYSTEMS = {flag: MANAGER_SYSTEM.replace("{listing}", listing).replace("{example}", example)
@@ -100,7 +104,7 @@ def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]],
         raise TypeError("build_manager_prompt: facts must be a list of str")
     try:
         bank_ids = [int(m[0]) for m in memories]
-        shown = [{"id": str(i), "text": str(m[1])} for i, m in enumerate(memories)]
+        shown = [{"text": str(m[1]), "id": str(i)} for i, m in enumerate(memories)]
     except (TypeError, ValueError, IndexError) as e:
         raise TypeError(f"build_manager_prompt: memories must be (id, text, timestamp) tuples ({e})") from None
     header = f"New facts from {speaker or 'the conversation'}" + (f" ({date_time})" if date_time else "")
@@ -108,6 +112,17 @@ def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]],
             f"{header}:\n{json.dumps(facts, ensure_ascii=False)}")
     return ManagerPrompt(messages=[{"role": "system", "content": manager_system(list_unchanged)},
                                    {"role": "user", "content": user}], bank_ids=bank_ids)
+
+
+def reply_item(event: str, local_id: int | None = None, text: str = "", old_memory: str | None = None) -> dict:
+    """One op as the prompt's example writes it (the module doc's key order); what warm starts imitate."""
+    item = {"event": event}
+    if event != "ADD":
+        item["old_memory"] = old_memory or ""
+        item["id"] = str(local_id)
+    if event in ("ADD", "UPDATE"):
+        item["text"] = text
+    return item
 
 
 def _local_id(raw, n_shown: int) -> int | None:
