@@ -12,8 +12,15 @@ applied to its own fork and scored by `ManagerStage.score`, the function rollout
 
 Each item varies one op of each kind its oracle reply holds; the share of items where the two
 replies give different EM is the share of that kind's decisions the reward can teach.
+
+Can the policy make those decisions? `decision_positions` finds, in the oracle's reply, the tokens
+where it decides: each op's event, and the id of each op on a shown memory (written after the copied
+memory). A policy teacher-forced on the reply (bench.op_probe --decisions) puts a probability on each:
+a low one on UPDATE means greedy replies never UPDATE and sampling rarely does, whatever the reward.
 """
+import bisect
 import json
+import re
 
 from memr1.rl.agents.manager import reply_item
 from memr1.rl.data.synthetic import call_ops
@@ -21,6 +28,38 @@ from memr1.rl.warm import manager_target
 
 VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "UPDATE:wrong_id", "DELETE:skip", "NONE:add",
             "NONE:update")
+
+_EVENT = re.compile(r'"event": "(\w+)"')
+_ID = re.compile(r'"event": "(\w+)", "old_memory": "(?:[^"\\]|\\.)*", "id": "')
+
+
+def decision_positions(reply: str, tokenizer) -> list[tuple[str, str, int]]:
+    """(decision, event, index into `rl.generation.reply_ids(tokenizer, reply)`) for a reply written by
+    `reply_item`: ("event", E, the token where each op's event starts) and ("id", E, the token where the
+    id of each op on a shown memory starts)."""
+    offsets = tokenizer(reply, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    starts = [a for a, _ in offsets]
+    at = lambda char: bisect.bisect_right(starts, char) - 1
+    return ([("event", m.group(1), at(m.start(1))) for m in _EVENT.finditer(reply)]
+            + [("id", m.group(1), at(m.end())) for m in _ID.finditer(reply)])
+
+
+def decision_probs(model, tokenizer, prompts: list[list[dict]], replies: list[str]) -> dict[tuple[str, str], list[float]]:
+    """(decision, event) -> the probability a causal LM (HF) puts on the reply's token at each such
+    decision (`decision_positions`), teacher-forced on each (chat prompt, reply)."""
+    import torch
+
+    from memr1.rl.generation import chat_prompt_ids, reply_ids
+
+    out: dict[tuple[str, str], list[float]] = {}
+    for messages, reply in zip(prompts, replies):
+        prompt, tokens = chat_prompt_ids(tokenizer, messages), reply_ids(tokenizer, reply)
+        with torch.inference_mode():   # the head only over the reply's positions: the prompt is most of the tokens
+            logits = model(torch.tensor([prompt + tokens]), logits_to_keep=len(tokens) + 1).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, -1)
+        for decision, event, i in decision_positions(reply, tokenizer):
+            out.setdefault((decision, event), []).append(float(logprobs[i, tokens[i]].exp()))
+    return out
 
 
 def _reply(ops: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """rl.op_probe: each one-mistake reply changes the bank the way its name says, against the oracle's
 reply on the same fork; the probe scores them through ManagerStage.score; bench.op_probe's headline is
 each variant's share of items whose reward differs."""
+import json
 from collections import Counter
 
 from memr1.bench.op_probe import headline
@@ -111,3 +112,41 @@ def test_headline_is_each_variants_share_and_none_without_items():
     assert add["value"] == 0.75 and add["unit"] == "share" and add["items"] == 4 and add["differ"] == 3
     assert (add["ours"], add["baseline"], add["better"]) == ("ADD:skip", "oracle reply", "higher")
     assert delete["value"] is None and delete["met"] is None
+
+
+def test_decision_positions_point_at_each_ops_event_and_the_id_after_its_copy(tiny_model):
+    from transformers import AutoTokenizer
+
+    from memr1.rl.agents.manager import reply_item
+    from memr1.rl.generation import reply_ids
+    from memr1.rl.op_probe import decision_positions
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    reply = json.dumps({"memory": [reply_item("UPDATE", 3, "Ann has 2 dogs", 'Ann has 1 "dog"'),
+                                   reply_item("DELETE", 12, old_memory="Ann, a nurse, \\ works nights"),
+                                   reply_item("ADD", text="Ann likes tea")]})
+    tokens = reply_ids(tokenizer, reply)
+    found = decision_positions(reply, tokenizer)
+    assert [(d, e) for d, e, _ in found] == [("event", "UPDATE"), ("event", "DELETE"), ("event", "ADD"),
+                                             ("id", "UPDATE"), ("id", "DELETE")]
+    values = ["UPDATE", "DELETE", "ADD", "3", "12"]
+    for (_, _, i), value in zip(found, values):   # the reply from that token on starts with the value
+        assert tokenizer.decode(tokens[i:]).lstrip(' "').startswith(value), (i, value)
+        assert not tokenizer.decode(tokens[i - 1:i]).strip(' "')   # and the token before holds none of it
+
+
+def test_decision_probs_count_every_decision_of_every_reply(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memr1.rl.op_probe import decision_probs
+
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
+    embedder, convs, items = setup_items(6)
+    turns = manager_turns([(it.bank, it.call) for it in items[:8]], embedder, MANAGER)
+    replies = [wrong_replies(it, [it.bank.get(i).text for i in t.prompt.bank_ids],
+                             next(c for c in convs if c.sample_id == it.conversation).oracle, False, t)[0]
+               for it, t in zip(items, turns)]
+    found = decision_probs(model, tokenizer, [t.prompt.messages for t in turns], replies)
+    ops = Counter(op["event"] for r in replies for op in json.loads(r)["memory"])
+    assert {e: len(ps) for (d, e), ps in found.items() if d == "event"} == dict(ops)
+    assert all(0 < p <= 1 for ps in found.values() for p in ps)
