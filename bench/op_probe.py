@@ -39,6 +39,8 @@ def main(argv=None) -> int:
                    "oracle's decisions, instead of the reward's visibility")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
+    if args.decisions:
+        return decisions(Path(args.run), args.items, args.json)
 
     from memr1.engine.checkpoints.io import final_checkpoints
     from memr1.engine.config.resolve import resolve
@@ -48,8 +50,6 @@ def main(argv=None) -> int:
     from memr1.engine.items import RunItems
     from memr1.engine.train import make_stage
     from memr1.rl.op_probe import VARIANTS, op_visibility
-    if args.decisions:
-        return decisions(Path(args.run), args.items, args.json)
 
     run_dir = Path(args.run)
     cfg = load_config(run_dir / "config.toml")

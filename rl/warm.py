@@ -10,7 +10,6 @@ on a ratio of 1 has the gradient of the reply's negative log-likelihood: supervi
 - manager: the oracle's ops for the call, in the op JSON the prompt asks for (every shown memory with
   its event, then the ADDs).
 The oracle decides only what is imitated here; RL stages are rewarded by outcomes alone.
-
 """
 import json
 import time

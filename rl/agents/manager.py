@@ -7,7 +7,8 @@ UPDATE, DELETE or NONE, with its keys in the order a small model can decide them
 then the shown memory the op changes, copied, then its id, then the new text. Each shown memory is
 listed text first and id second, so the id the reply needs is the token that follows the text it has
 just copied (a lookup small models do well), rather than one it must pick before it has said which
-memory it means. JSON key order carries no meaning: the parser reads any order. `parse_manager_output` never raises on model output: it returns the valid ops plus
+memory it means. JSON key order carries no meaning: the parser reads any order.
+`parse_manager_output` never raises on model output: it returns the valid ops plus
 `ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
 """
