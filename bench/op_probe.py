@@ -39,6 +39,8 @@ def main(argv=None) -> int:
                    "oracle's decisions, instead of the reward's visibility")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
+    if not (Path(args.run) / "config.toml").is_file():
+        raise SystemExit(f"error: --run {args.run}: no config.toml there; is it a `memr1 train` run directory?")
     if args.decisions:
         return decisions(Path(args.run), args.items, args.json)
 

@@ -150,3 +150,14 @@ def test_decision_probs_count_every_decision_of_every_reply(tiny_model):
     ops = Counter(op["event"] for r in replies for op in json.loads(r)["memory"])
     assert {e: len(ps) for (d, e), ps in found.items() if d == "event"} == dict(ops)
     assert all(0 < p <= 1 for ps in found.values() for p in ps)
+
+
+def test_a_run_directory_without_a_config_is_a_one_line_error(tmp_path):
+    import pytest
+
+    from memr1.bench.op_probe import main
+
+    for extra in ([], ["--decisions"]):
+        with pytest.raises(SystemExit, match=r"^error: --run .*: no config.toml there") as e:
+            main(["--run", str(tmp_path), "--json", str(tmp_path / "out.json"), *extra])
+        assert "\n" not in str(e.value) and not (tmp_path / "out.json").exists()
