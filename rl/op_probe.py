@@ -85,14 +85,13 @@ def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, tu
             out["UPDATE:wrong_id"] = _reply(ops[:i] + [wrong] + ops[i + 1:])
     if (i := first("DELETE")) is not None:
         out["DELETE:skip"] = _reply(ops[:i] + ops[i + 1:])
-    facts = {e["slot"]: e["fact"] for e in oracle["timeline"] if e["dia_id"] in item.call["dia_ids"]}
     local = {text: str(i) for i, text in reversed(list(enumerate(shown)))}
     restated = [op for op in call_ops(oracle["timeline"], item.call["dia_ids"])
                 if op["event"] == "NONE" and op["old_memory"] in local and local[op["old_memory"]] not in used]
     if restated:
         op = restated[0]
-        out["NONE:add"] = _reply(ops + [reply_item("ADD", text=facts[op["slot"]])])
-        out["NONE:update"] = _reply(ops + [reply_item("UPDATE", int(local[op["old_memory"]]), facts[op["slot"]],
+        out["NONE:add"] = _reply(ops + [reply_item("ADD", text=op["fact"])])
+        out["NONE:update"] = _reply(ops + [reply_item("UPDATE", int(local[op["old_memory"]]), op["fact"],
                                                       op["old_memory"])])
     return target, out
 

@@ -7,8 +7,8 @@ whose advantage is 1. With no sampling there is nothing to correct for, and the 
 on a ratio of 1 has the gradient of the reply's negative log-likelihood: supervised fine-tuning.
 - answer agent: the evidence memories, copied as the prompt shows them, then `Answer: <gold>`
   (memory distillation), or just the answer line when `answer.distill` is off;
-- manager: the oracle's ops for the call, in the op JSON the prompt asks for (every shown memory with
-  its event, then the ADDs).
+- manager: the oracle's ops for the call, in the op JSON the prompt asks for (one item per fact, in
+  order; `manager_target`).
 The oracle decides only what is imitated here; RL stages are rewarded by outcomes alone.
 """
 import json
@@ -37,24 +37,23 @@ def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -
 
 def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle: dict,
                    list_unchanged: bool = True) -> str:
-    """The oracle's net ops for one call (`call_ops`), against the memories its prompt shows (local ids
-    0..k-1), each as `reply_item` writes it; every shown memory is listed (NONE included) or, without
-    `list_unchanged`, only the changed ones. An op on a memory the prompt does not show is left out:
-    no reply could name it."""
+    """The oracle's net ops for one call (`call_ops`), in the order of the call's facts, against the
+    memories its prompt shows (local ids 0..k-1), each as `reply_item` writes it; with `list_unchanged`,
+    then every shown memory no op concerns, as NONE. No reply can name a memory the prompt does not
+    show, so an UPDATE of one is written as the ADD of its new text (what a perfect manager that sees
+    only the prompt does), and a DELETE or NONE of one is left out."""
     local = {text: i for i, text in reversed(list(enumerate(shown_texts)))}
-    on_shown: dict[int, dict] = {}
-    adds = []
+    out, touched = [], set()
     for op in call_ops(oracle["timeline"], call["dia_ids"]):
-        if op["event"] == "ADD":
-            adds.append(reply_item("ADD", text=op["text"]))
-            continue
-        i = local.get(op["old_memory"])
-        if i is not None:
-            on_shown[i] = reply_item(op["event"], i, op["text"], shown_texts[i])
-    out = [on_shown.get(i, reply_item("NONE", i, old_memory=t)) for i, t in enumerate(shown_texts)]
-    if not list_unchanged:
-        out = [op for op in out if op["event"] != "NONE"]
-    out += adds
+        i = local.get(op.get("old_memory"))
+        if op["event"] == "ADD" or (op["event"] == "UPDATE" and i is None):
+            out.append(reply_item("ADD", text=op["text"]))
+        elif i is not None and i not in touched:
+            touched.add(i)
+            out.append(reply_item(op["event"], i, op["text"] if op["event"] == "UPDATE" else op["fact"],
+                                  shown_texts[i]))
+    if list_unchanged:
+        out += [reply_item("NONE", i, old_memory=t) for i, t in enumerate(shown_texts) if i not in touched]
     return json.dumps({"memory": out}, ensure_ascii=False)
 
 

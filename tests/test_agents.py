@@ -79,17 +79,19 @@ def test_manager_prompt_uses_small_local_ids():
         build_manager_prompt([], [("x",)])
 
 
-def test_reply_items_decide_the_event_then_copy_the_memory_then_name_it():
-    assert list(reply_item("UPDATE", 1, "Andrew has 2 dogs", "Andrew has 1 dog")) == ["event", "old_memory", "id", "text"]
-    assert list(reply_item("DELETE", 0, old_memory="Andrew has 1 dog")) == ["event", "old_memory", "id"]
-    assert reply_item("ADD", text="Andrew likes tea") == {"event": "ADD", "text": "Andrew likes tea"}
+def test_reply_items_copy_the_fact_then_decide_the_event_then_copy_and_name_the_memory():
+    assert list(reply_item("UPDATE", 1, "Andrew has 2 dogs", "Andrew has 1 dog")) == ["text", "event", "old_memory", "id"]
+    assert list(reply_item("DELETE", 0, "Andrew gave his dog away", "Andrew has 1 dog")) == [
+        "text", "event", "old_memory", "id"]
+    assert list(reply_item("NONE", 0, old_memory="Andrew has 1 dog")) == ["event", "old_memory", "id"]  # no fact
+    assert list(reply_item("ADD", text="Andrew likes tea").items()) == [("text", "Andrew likes tea"), ("event", "ADD")]
     shown = [(7, "Andrew has 1 dog", ""), (9, "Andrew lives in Lyon", "")]
     reply = json.dumps({"memory": [reply_item("UPDATE", 1, "Andrew lives in Paris", shown[1][1]),
-                                   reply_item("DELETE", 0, old_memory=shown[0][1]),
+                                   reply_item("DELETE", 0, "Andrew gave his dog away", shown[0][1]),
                                    reply_item("ADD", text="Andrew likes tea")]})
     ops, d = parse_manager_output(reply, len(shown))   # the parser reads the example's order
     assert d.status == "ok" and ops == [ManagerOp("UPDATE", 1, "Andrew lives in Paris", "Andrew lives in Lyon"),
-                                        ManagerOp("DELETE", 0, "", "Andrew has 1 dog"),
+                                        ManagerOp("DELETE", 0, "Andrew gave his dog away", "Andrew has 1 dog"),
                                         ManagerOp("ADD", None, "Andrew likes tea")]
 
 

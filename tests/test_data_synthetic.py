@@ -68,18 +68,26 @@ def test_call_ops_replay_each_chunk_of_events_with_one_op_per_memory(data, size)
     assert (folded > 0) == (size > 1)
 
 
-def test_call_ops_fold_a_chain_into_one_op():
-    add = {"dia_id": "D1:1", "slot": "a/pet", "event": "ADD", "memory": "A has 1 dog"}
-    more = {"dia_id": "D1:3", "slot": "a/pet", "event": "UPDATE", "memory": "A has 2 dogs", "old_memory": "A has 1 dog"}
+def test_call_ops_fold_a_chain_into_one_op_in_the_order_of_the_facts():
+    add = {"dia_id": "D1:1", "slot": "a/pet", "event": "ADD", "memory": "A has 1 dog", "fact": "A got a dog"}
+    more = {"dia_id": "D1:3", "slot": "a/pet", "event": "UPDATE", "memory": "A has 2 dogs", "old_memory": "A has 1 dog",
+            "fact": "A got a second dog"}
     same = {"dia_id": "D1:5", "slot": "a/city", "event": "NONE", "memory": "A lives in Oslo",
-            "old_memory": "A lives in Oslo"}
-    gone = {"dia_id": "D1:7", "slot": "a/pet", "event": "DELETE", "memory": "A has 1 dog", "old_memory": "A has 1 dog"}
+            "old_memory": "A lives in Oslo", "fact": "A still lives in Oslo"}
+    gone = {"dia_id": "D1:7", "slot": "a/pet", "event": "DELETE", "memory": "A has 1 dog", "old_memory": "A has 1 dog",
+            "fact": "A gave the dog away"}
     timeline = [add, more, same, gone]
-    assert call_ops(timeline, ["D1:1", "D1:3"]) == [{"event": "ADD", "slot": "a/pet", "text": "A has 2 dogs"}]
+    assert call_ops(timeline, ["D1:1", "D1:3"]) == [
+        {"event": "ADD", "slot": "a/pet", "text": "A has 2 dogs", "fact": "A got a second dog"}]
     assert call_ops(timeline, ["D1:3", "D1:5"]) == [
-        {"event": "UPDATE", "slot": "a/pet", "text": "A has 2 dogs", "old_memory": "A has 1 dog"},
-        {"event": "NONE", "slot": "a/city", "text": "A lives in Oslo", "old_memory": "A lives in Oslo"}]
+        {"event": "UPDATE", "slot": "a/pet", "text": "A has 2 dogs", "fact": "A got a second dog",
+         "old_memory": "A has 1 dog"},
+        {"event": "NONE", "slot": "a/city", "text": "A lives in Oslo", "fact": "A still lives in Oslo",
+         "old_memory": "A lives in Oslo"}]
     assert call_ops(timeline, ["D1:1", "D1:7"]) == []
+    # an ADD before a restatement comes first: ops follow the facts, not "memories first, ADDs last"
+    assert [op["fact"] for op in call_ops(timeline, ["D1:5", "D1:1"])] == ["A got a dog", "A still lives in Oslo"]
+    assert [op["fact"] for op in call_ops(timeline, ["D1:5", "D1:7"])] == ["A still lives in Oslo", "A gave the dog away"]
 
 
 def test_timeline_points_at_real_turns(data):

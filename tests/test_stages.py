@@ -3,6 +3,8 @@ turn through the training path and the eval path; rank shares that make up the s
 import json
 import zlib
 
+from collections import Counter
+
 import msgspec
 import pytest
 import torch
@@ -19,6 +21,7 @@ from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.banks import run_manager
 from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
+from memr1.rl.data.synthetic import call_ops
 from memr1.rl.eval import EvalConfig, evaluate
 from memr1.rl.eval_report import oracle_scores
 from scripted import ScriptedGenerator
@@ -153,6 +156,31 @@ def test_the_training_and_eval_paths_build_the_same_manager_turn(tmp_path, turns
         assert all(c["inter_ids"] == c["union_ids"] for c in scores["calls"])   # every op hit the oracle's memory
         b.bank.close()
     assert {"ADD", "UPDATE", "DELETE"} <= {e for _, events in scripted.values() for e in events}
+
+
+def test_the_manager_warm_target_takes_the_calls_facts_in_order():
+    """One item per net op of the call, in the order of its facts, each starting with the fact it is
+    about (an UPDATE's new text is its fact in the synthetic data); the folded facts of a chain are the
+    only ones without an item, and every UPDATE, DELETE and NONE names the shown memory it concerns."""
+    embedder = HashEmbedder(64)
+    convs = load_conversations(None, n=6, split="train")
+    facts = {c.sample_id: oracle_facts(c) for c in convs}
+    seen = Counter()
+    for spec in manager_calls(convs, facts, 2, every_call=True):
+        bank = oracle_bank(spec, spec.conv, embedder)
+        turn = manager_turns([(bank, spec.call)], embedder, MANAGER)[0]
+        shown = [bank.get(i).text for i in turn.prompt.bank_ids]
+        items = json.loads(manager_target(turn, shown, spec.call, spec.conv.oracle, False))["memory"]
+        texts = [it["text"] for it in items]
+        rest = iter(spec.call["facts"])
+        assert all(t in rest for t in texts), (texts, spec.call["facts"])   # a subsequence of the facts
+        net = call_ops(spec.conv.oracle["timeline"], spec.call["dia_ids"])
+        assert len(items) == len(net)
+        for it, op in zip(items, net):
+            seen[it["event"]] += 1
+            if it["event"] != "ADD":
+                assert shown[int(it["id"])] == it["old_memory"] == op["old_memory"]
+    assert min(seen[e] for e in ("ADD", "UPDATE", "DELETE", "NONE")) > 0, seen
 
 
 def test_the_training_and_eval_paths_build_the_same_answer_prompts(setup, tmp_path):

@@ -3,11 +3,12 @@
 The model sees the retrieved memories under SMALL LOCAL ids "0".."k-1" (copying a long bank id is a
 common failure of small models); `ManagerPrompt.bank_ids[i]` maps local id i back to the bank. The
 output schema is the paper's, `{"memory": [{"id", "text", "event", "old_memory"?}]}` with event ADD,
-UPDATE, DELETE or NONE, with its keys in the order a small model can decide them: the event first,
-then the shown memory the op changes, copied, then its id, then the new text. Each shown memory is
-listed text first and id second, so the id the reply needs is the token that follows the text it has
-just copied (a lookup small models do well), rather than one it must pick before it has said which
-memory it means. JSON key order carries no meaning: the parser reads any order.
+UPDATE, DELETE or NONE, with its items and keys in the order a small model can decide them: one item
+per new fact, in order, that first copies the fact into "text" (an UPDATE's text is the memory's new
+text, a DELETE's or NONE's the fact that decided it), then names the event, then copies the shown
+memory the op concerns, then gives its id. Each decision then follows the text it is about: the event
+follows the fact, compared against the memories listed above it, and the id is the token that follows
+the memory text the reply has just copied, since each shown memory is listed text first and id second. JSON key and item order carry no meaning to the parser.
 `parse_manager_output` never raises on model output: it returns the valid ops plus
 `ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
@@ -29,21 +30,22 @@ _EVENT_ALIASES = {"NOOP": "NONE", "NO_OP": "NONE", "NO-OP": "NONE", "NOTHING": "
                   "REMOVE": "DELETE", "DEL": "DELETE"}
 
 MANAGER_SYSTEM = """You keep a memory bank about the people in a conversation. You see one person's existing
-memories (each with a short id) and new facts about them. Decide how the bank changes:
-- ADD: a fact the bank does not hold yet. It takes no id.
-- UPDATE: a fact that changes or adds detail to a memory. Copy that memory into "old_memory", give
-  its id, and write the merged text. Keep the more detailed version.
-- DELETE: a fact showing a memory is no longer true. Copy it into "old_memory" and give its id.
-- NONE: the memory stays. A fact that says the same thing in other words is NONE, not UPDATE.
+memories (each with a short id) and new facts about them. Take the new facts in order, one item each:
+copy the fact into "text", then decide its event.
+- ADD: the bank does not hold it yet.
+- UPDATE: it changes or adds detail to a memory. Copy that memory into "old_memory" and give its id;
+  "text" is the memory as it should now read, the more detailed version.
+- DELETE: it shows a memory is no longer true. Copy that memory into "old_memory" and give its id.
+- NONE: a memory already says it, maybe in other words. Copy that memory into "old_memory" and give its id.
 {listing} Use only ids you were shown. Reply with JSON only:
 {example}"""
-LIST_ALL = ("List each existing memory once with its event, then the ADDs.",
-            """{"memory": [{"event": "NONE", "old_memory": "...", "id": "0"},
-            {"event": "UPDATE", "old_memory": "...", "id": "1", "text": "..."},
-            {"event": "ADD", "text": "..."}]}""")
-LIST_CHANGES = ("List only the memories that change and the ADDs; when nothing changes, reply {\"memory\": []}.",
-                """{"memory": [{"event": "UPDATE", "old_memory": "...", "id": "1", "text": "..."},
-            {"event": "ADD", "text": "..."}]}""")
+LIST_ALL = ("Then list each shown memory no fact concerns, with event NONE.",
+            """{"memory": [{"text": "...", "event": "UPDATE", "old_memory": "...", "id": "1"},
+            {"text": "...", "event": "ADD"},
+            {"event": "NONE", "old_memory": "...", "id": "0"}]}""")
+LIST_CHANGES = ("With no new facts, reply {\"memory\": []}.",
+                """{"memory": [{"text": "...", "event": "UPDATE", "old_memory": "...", "id": "1"},
+            {"text": "...", "event": "ADD"}]}""")
 
 
 _SYSTEMS = {flag: MANAGER_SYSTEM.replace("{listing}", listing).replace("{example}", example)
@@ -116,13 +118,14 @@ def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]],
 
 
 def reply_item(event: str, local_id: int | None = None, text: str = "", old_memory: str | None = None) -> dict:
-    """One op as the prompt's example writes it (the module doc's key order); what warm starts imitate."""
-    item = {"event": event}
+    """One op as the prompt's example writes it (the module doc's key order); what warm starts imitate.
+    `text` is the fact the item is about (for an ADD or UPDATE, the memory's new text); an item without
+    one is a shown memory no fact concerns."""
+    item = {"text": text} if text else {}
+    item["event"] = event
     if event != "ADD":
         item["old_memory"] = old_memory or ""
         item["id"] = str(local_id)
-    if event in ("ADD", "UPDATE"):
-        item["text"] = text
     return item
 
 

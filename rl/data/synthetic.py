@@ -208,34 +208,40 @@ def load_synthetic(n: int = 20, seed: int = 0, split: str | None = None) -> list
 
 
 def call_ops(timeline: list[dict], dia_ids) -> list[dict]:
-    """The oracle's net ops for one manager call, over the timeline events of its turns (`dia_ids`), in
-    order: what a perfect manager does in that call, at most one op per memory.
+    """The oracle's net ops for one manager call, over the timeline events of its turns (`dia_ids`): what
+    a perfect manager does in that call, at most one op per memory.
     - a slot the call ADDs is one ADD of its last text (updates within the call fold into it), or
       nothing if the call deletes it again;
     - a memory from before the call is one UPDATE (to its last text), one DELETE, or one NONE when the
       call only restates it;
     - a memory deleted and then set again in the same call is a DELETE and an ADD.
-    Each op is {"event", "slot", "text"}, plus "old_memory" (the text before the call) on ops of
-    memories from before the call; ADDs come last."""
+    Each op is {"event", "slot", "text", "fact"}, plus "old_memory" (the text before the call) on ops
+    of memories from before the call; "fact" is the fact of the op's last event. Ops come in the order
+    of their last events, which is the order of the call's facts."""
     existing: dict[str, dict] = {}     # slot -> op on a memory from before the call
     adds: dict[str, dict] = {}         # slot -> a memory this call adds
-    for e in (e for e in timeline if e["dia_id"] in dia_ids):
-        slot, event = e["slot"], e["event"]
+    last: dict[int, int] = {}          # id(op) -> index of its last event
+    for n, e in enumerate(e for e in timeline if e["dia_id"] in dia_ids):
+        slot, event, fact = e["slot"], e["event"], e.get("fact", e["memory"])
         if event == "ADD":
-            adds[slot] = {"event": "ADD", "slot": slot, "text": e["memory"]}
+            op = adds[slot] = {"event": "ADD", "slot": slot, "text": e["memory"], "fact": fact}
         elif slot in adds:             # a memory of this very call changes again
+            op = adds[slot]
+            op["fact"] = fact
             if event == "UPDATE":
-                adds[slot]["text"] = e["memory"]
+                op["text"] = e["memory"]
             elif event == "DELETE":
                 del adds[slot]
         else:
-            op = existing.setdefault(slot, {"event": "NONE", "slot": slot, "text": e["old_memory"],
+            op = existing.setdefault(slot, {"event": "NONE", "slot": slot, "text": e["old_memory"], "fact": fact,
                                             "old_memory": e["old_memory"]})
+            op["fact"] = fact
             if event == "UPDATE":
                 op.update(event="UPDATE", text=e["memory"])
             elif event == "DELETE":
                 op.update(event="DELETE", text=op["old_memory"])
-    return list(existing.values()) + list(adds.values())
+        last[id(op)] = n
+    return sorted([*existing.values(), *adds.values()], key=lambda op: last[id(op)])
 
 
 def apply_oracle(timeline: list[dict]) -> dict[str, str]:
