@@ -80,7 +80,8 @@ def test_manager_prompt_uses_small_local_ids():
 
 
 def test_reply_items_copy_the_fact_then_decide_the_event_then_copy_and_name_the_memory():
-    assert list(reply_item("UPDATE", 1, "Andrew has 2 dogs", "Andrew has 1 dog")) == ["text", "event", "old_memory", "id"]
+    assert list(reply_item("UPDATE", 1, "Andrew has 2 dogs", "Andrew has 1 dog")) == [
+        "text", "event", "old_memory", "id"]
     assert list(reply_item("DELETE", 0, "Andrew gave his dog away", "Andrew has 1 dog")) == [
         "text", "event", "old_memory", "id"]
     assert list(reply_item("NONE", 0, old_memory="Andrew has 1 dog")) == ["event", "old_memory", "id"]  # no fact

@@ -87,7 +87,8 @@ def test_call_ops_fold_a_chain_into_one_op_in_the_order_of_the_facts():
     assert call_ops(timeline, ["D1:1", "D1:7"]) == []
     # an ADD before a restatement comes first: ops follow the facts, not "memories first, ADDs last"
     assert [op["fact"] for op in call_ops(timeline, ["D1:5", "D1:1"])] == ["A got a dog", "A still lives in Oslo"]
-    assert [op["fact"] for op in call_ops(timeline, ["D1:5", "D1:7"])] == ["A still lives in Oslo", "A gave the dog away"]
+    assert [op["fact"] for op in call_ops(timeline, ["D1:5", "D1:7"])] == [
+        "A still lives in Oslo", "A gave the dog away"]
 
 
 def test_timeline_points_at_real_turns(data):

@@ -8,7 +8,8 @@ per new fact, in order, that first copies the fact into "text" (an UPDATE's text
 text, a DELETE's or NONE's the fact that decided it), then names the event, then copies the shown
 memory the op concerns, then gives its id. Each decision then follows the text it is about: the event
 follows the fact, compared against the memories listed above it, and the id is the token that follows
-the memory text the reply has just copied, since each shown memory is listed text first and id second. JSON key and item order carry no meaning to the parser.
+the memory text the reply has just copied, since each shown memory is listed text first and id
+second. JSON key and item order carry no meaning to the parser.
 `parse_manager_output` never raises on model output: it returns the valid ops plus
 `ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
