@@ -48,7 +48,9 @@ class MemoryBank:
         self.config, self.path, self._manifest, self._log = config, path, manifest, log
         self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
         self._write, self._auto = threading.RLock(), auto_compact
-        self._batching, self._owner, self._forked_from = False, os.getpid(), None
+        # The pid that holds the writer lock (writers.py reads it in a forked child); an in-memory bank
+        # holds none, and its forks skip the system call.
+        self._batching, self._owner, self._forked_from = False, os.getpid() if lock_fd is not None else None, None
         self.compactions = 0  # by this object, automatic or not
         self.compaction_seconds = 0.0  # their wall time, build to commit (in a thread or in the op)
         self._job, self._failed = None, None  # a background compaction in flight (compaction.py); one that failed
@@ -133,7 +135,7 @@ class MemoryBank:
         with self._write:
             self._check_writable()
             out = apply_op(self._core, self._sink(), op)
-            if self._past_threshold(self._core):
+            if self._auto and self._past_threshold(self._core):  # a fork never compacts on its own
                 compaction.auto(self)
             return out
 

@@ -1,12 +1,12 @@
 """One call for the searches of many forks of one bank: a rollout group's G forks, each with its own
 few ops, each answering its own query (`search_forks`).
 
-The forks share their base, so the base is scored for all queries together: an exact base by one
-matrix product of the queries with its vectors (BLAS, one pass over the base instead of G), a graph
-base by one walk per query in the native core with no Python in between; then, without the GIL, each
-query skips its own fork's dead base rows and scans its own delta. The ids equal G calls of
-`bank.search`; scores of exact bases may differ from them in the last bits (the product's sums run in
-another order), which can swap two hits whose scores tie to within that.
+The forks share their base, and all G searches run in the native core without the GIL and with no
+Python in between: an exact base is scored from i8 codes of its rows (made once per base, a quarter of
+its float32 bytes) and only the rows that the codes' error bound cannot rule out are scored in
+float32, as `bank.search` scores them; a graph base gets one walk per query. Each query skips its own
+fork's dead base rows and scans its own delta. Ids and scores equal G calls of `bank.search`.
+The codes live as long as the base: n x dim bytes, so `exact=True` on a large graph base pays that once.
 """
 from typing import Sequence
 
@@ -34,9 +34,5 @@ def search_forks(banks: Sequence[MemoryBank], queries: np.ndarray, k: int = 10, 
                            "its last compaction)")
     rows, graphs = (None, []) if exact else segment.plan(speaker)
     count = int(k * banks[0].config.hnsw_oversample)
-    dots = None
-    if rows is None and len(segment) and isinstance(queries, np.ndarray) and queries.dtype == np.float32 \
-            and queries.shape == (len(banks), banks[0].config.dim):
-        dots = queries @ segment.vectors.T  # one BLAS product for every query's scan of the base
-    ids, scores, hits = _core.search_many([core for core, _ in views], queries, k, speaker, rows, graphs, count, dots)
+    ids, scores, hits = _core.search_many([core for core, _ in views], queries, k, speaker, rows, graphs, count)
     return [SearchResult(ids[i, :h], scores[i, :h]) for i, h in enumerate(hits.tolist())]

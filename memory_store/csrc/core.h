@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -128,6 +129,14 @@ struct BatchBuffer : RecordSink {
 };
 
 // ---- the immutable base segment (shared by all forks) ----
+// Each base row's unit vector u as i8 codes c and a scale, so that u ~ scale * c, with err = |u - scale * c|:
+// search_many scores a base from these first (4 bytes a dimension fewer to read, 4x the products per
+// instruction) and re-scores in float32 only the rows the error bound cannot rule out (search.cpp).
+struct BaseCodes {
+  std::vector<int8_t> codes;       // [n, dim]
+  std::vector<int32_t> sums;       // sum(c) per row, for the VNNI kernel
+  std::vector<float> scale, err;
+};
 struct Base {
   int64_t n = 0;
   const float* vectors = nullptr;  // [n, dim], memory-mapped by the Python side
@@ -137,10 +146,17 @@ struct Base {
   std::vector<uint32_t> speakers;
   std::shared_ptr<void> keepalive; // holds the Python buffer alive (its deleter takes the GIL)
   ~Base() { for (auto* r : rows) release(r); }
+  // Made by the first search_many over this base (graph bases never need them), once, by whichever
+  // thread gets there first; O(n * dim).
+  const BaseCodes& i8(int dim) const;
+ private:
+  mutable std::once_flag i8_once_;
+  mutable BaseCodes i8_;
 };
 
 struct Hit { float score; int64_t id; };
-struct TopK;  // search.cpp: the best k hits of one search
+struct TopK;       // search.cpp: the best k hits of one search
+struct I8Scratch;  // search.cpp: search_many's buffers for scan_base_i8
 
 class State {
  public:
@@ -166,11 +182,10 @@ class State {
   // given base rows (candidates from an HNSW index), which are re-scored exactly here.
   std::vector<Hit> search(const float* q, int k, int64_t speaker, const std::vector<int64_t>* base_rows) const;
   // The exact top-k of `states[i]` for query row i of `queries` ([n, dim]), for states over one base
-  // (forks of one bank): n calls of search() with every base row, the base read once for all of them:
-  // `base_dots` ([n, base rows]; may be null only when there is no base) holds the queries' dot
-  // products with the base rows, as one matrix product (BLAS) gives them.
+  // (forks of one bank): n calls of search() with every base row. The base is scored from its i8 codes
+  // and only the rows their error bound leaves in contention are scored in float32, as search() does.
   static std::vector<std::vector<Hit>> search_many(const std::vector<const State*>& states, const float* queries,
-                                                   int k, int64_t speaker, const float* base_dots);
+                                                   int k, int64_t speaker);
   std::vector<const Record*> live() const;  // id order
 
   int dim() const { return dim_; }
@@ -193,8 +208,9 @@ class State {
   int clamp_k(int k) const { return k > live_ ? static_cast<int>(live_) : k; }  // a huge k must not size a heap
   void score_base_row(int64_t row, float dot_q, float qinv, TopK& top) const;
   void scan_delta(const float* q, float qinv, int64_t speaker, TopK& top) const;
-  // Every base row (of `speaker`, unless < 0) whose dot product with the query is dots[row].
-  void scan_base_dots(const float* dots, float qinv, int64_t speaker, TopK& top) const;
+  // Every base row (of `speaker`, unless < 0) that the i8 scores' bound cannot rule out, in float32.
+  // Query i of a search_many (its codes and i8 scores in `scratch`).
+  void scan_base_i8(const float* q, float qinv, size_t i, int64_t speaker, TopK& top, I8Scratch& scratch) const;
   Record* new_record(int64_t id, const std::string& text, const float* vec, float inv_norm);
   void put_delta(Record* r);
 

@@ -77,6 +77,46 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t dot_vnni(const Qu
   const uint32_t shifted = static_cast<uint32_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1)));
   return static_cast<int32_t>(shifted - 128u * static_cast<uint32_t>(b_sum));
 }
+// QB queries x R rows per pass (R = 4, and 1 for the last rows); the tail of a row is a masked load, as
+// in dot_vnni. The sums wrap in uint32; the true a.b fits in int32, so the wrapped total is exact.
+template <int QB, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(const uint8_t* a, const int8_t* b,
+                                                                       const int32_t* sums, int64_t n,
+                                                                       size_t stride, size_t dim, int32_t* out) {
+  const size_t full = dim / 64 * 64;
+  __m512i acc[QB][R];
+  for (int q = 0; q < QB; ++q)
+    for (int j = 0; j < R; ++j) acc[q][j] = _mm512_setzero_si512();
+  for (size_t i = 0; i < full; i += 64) {
+    __m512i y[R];
+    for (int j = 0; j < R; ++j) y[j] = _mm512_loadu_si512(b + j * stride + i);
+    for (int q = 0; q < QB; ++q) {
+      const __m512i x = _mm512_loadu_si512(a + q * stride + i);
+      for (int j = 0; j < R; ++j) acc[q][j] = _mm512_dpbusd_epi32(acc[q][j], x, y[j]);
+    }
+  }
+  if (full < dim) {
+    const __mmask64 tail = (uint64_t(1) << (dim - full)) - 1;
+    __m512i y[R];
+    for (int j = 0; j < R; ++j) y[j] = _mm512_maskz_loadu_epi8(tail, b + j * stride + full);
+    for (int q = 0; q < QB; ++q) {
+      const __m512i x = _mm512_maskz_loadu_epi8(tail, a + q * stride + full);
+      for (int j = 0; j < R; ++j) acc[q][j] = _mm512_dpbusd_epi32(acc[q][j], x, y[j]);
+    }
+  }
+  for (int q = 0; q < QB; ++q)
+    for (int j = 0; j < R; ++j)
+      out[q * n + j] = static_cast<int32_t>(static_cast<uint32_t>(_mm512_reduce_add_epi32(acc[q][j])) -
+                                            128u * static_cast<uint32_t>(sums[j]));
+}
+// QB queries against every row.
+template <int QB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_vnni(const uint8_t* a, const int8_t* rows, const int32_t* sums, int64_t n, size_t stride, size_t dim,
+               int32_t* out) {
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) block_vnni<QB, 4>(a, rows + r * stride, sums + r, n, stride, dim, out + r);
+  for (; r < n; ++r) block_vnni<QB, 1>(a, rows + r * stride, sums + r, n, stride, dim, out + r);
+}
 bool has_vnni() { return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"); }
 #endif
 }  // namespace
@@ -101,6 +141,27 @@ std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const
   for (const auto& [name, dot] : dot_i8_kernels())
     out.emplace_back(name, cos_from_sums(dot(q, b, sums.sum, dim), q, sums));
   return out;
+}
+
+void dots_i8_many(const uint8_t* shifted, size_t m, const int8_t* rows, const int32_t* sums, int64_t n,
+                  size_t stride, size_t dim, int32_t* out) {
+#if defined(__x86_64__)
+  static const bool vnni = has_vnni();
+  if (vnni) {
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4) rows_vnni<4>(shifted + i * stride, rows, sums, n, stride, dim, out + i * n);
+    for (; i < m; ++i) rows_vnni<1>(shifted + i * stride, rows, sums, n, stride, dim, out + i * n);
+    return;
+  }
+#endif
+  for (size_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* a = shifted + i * stride;
+      const int8_t* b = rows + r * stride;
+      int32_t s = 0;
+      for (size_t j = 0; j < dim; ++j) s += (int32_t(a[j]) - 128) * b[j];
+      out[i * n + r] = s;
+    }
 }
 
 }  // namespace memr1

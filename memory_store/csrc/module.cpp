@@ -328,13 +328,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("base_size", &State::base_size);
 
   // One search per state (forks of one bank: one base) for the rows of `queries` ([n, dim] float32):
-  // exact over the base (State::search_many; `base_dots`: the queries' products with its vectors, needed
-  // when there is a base) when `base_rows` is None,
+  // exact over the base (State::search_many) when `base_rows` is None,
   // else per query its graphs' `count` live candidates plus `base_rows`, re-scored; all without the GIL.
   // Returns (ids [n, k], scores [n, k], hits [n]): row i holds hits[i] hits, the rest -1 and 0.
   m.def("search_many", [](const std::vector<State*>& states, py::array queries, int k, py::object speaker,
-                          py::object rows, const std::vector<std::shared_ptr<Graph>>& graphs, size_t count,
-                          py::object base_dots) {
+                          py::object rows, const std::vector<std::shared_ptr<Graph>>& graphs, size_t count) {
     if (k < 0) throw BadInput("k must be >= 0, got " + std::to_string(k));
     const size_t n = states.size();
     const int dim = n ? states[0]->dim() : 0;
@@ -353,16 +351,6 @@ PYBIND11_MODULE(_core, m) {
     }
     std::vector<int64_t> cand;
     const bool some = base_rows_arg(rows, !graphs.empty(), "search_many", cand);
-    // The exact path's dot products with every base row, [n, base rows] float32 (a matrix product).
-    py::array_t<float, py::array::c_style> dots;
-    if (!base_dots.is_none()) {
-      dots = py::array_t<float, py::array::c_style>::ensure(base_dots);
-      const int64_t nb = n ? states[0]->base_size() : 0;
-      if (!dots || dots.ndim() != 2 || size_t(dots.shape(0)) != n || dots.shape(1) != nb || some)
-        throw BadInput("search_many: base_dots must be float32 of shape (" + std::to_string(n) + ", " +
-                       std::to_string(nb) + ") and come without base_rows");
-    }
-    const float* dots_ptr = base_dots.is_none() ? nullptr : dots.data();  // a default array_t is not null
     std::vector<State> snaps;  // O(1) forks, made and dropped under the GIL (reference counts)
     snaps.reserve(n);
     for (const State* s : states) snaps.push_back(s->fork());
@@ -375,7 +363,7 @@ PYBIND11_MODULE(_core, m) {
         float inv;
         for (size_t i = 0; i < n; ++i) State::validate_vector(q.data() + i * dim, dim, &inv);
       } else if (!some) {
-        hits = State::search_many(ptrs, q.data(), k, code, dots_ptr);
+        hits = State::search_many(ptrs, q.data(), k, code);
       } else {
         for (size_t i = 0; i < n; ++i) {
           std::vector<int64_t> c = cand;
@@ -402,6 +390,5 @@ PYBIND11_MODULE(_core, m) {
     }
     return py::make_tuple(ids, scores, got);
   }, py::arg("states"), py::arg("queries"), py::arg("k"), py::arg("speaker") = py::none(),
-     py::arg("base_rows") = py::none(), py::arg("graphs") = std::vector<std::shared_ptr<Graph>>(), py::arg("count") = 0,
-     py::arg("base_dots") = py::none());
+     py::arg("base_rows") = py::none(), py::arg("graphs") = std::vector<std::shared_ptr<Graph>>(), py::arg("count") = 0);
 }
