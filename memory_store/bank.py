@@ -48,7 +48,6 @@ class MemoryBank:
         self.config, self.path, self._manifest, self._log = config, path, manifest, log
         self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
         self._write, self._auto = threading.RLock(), auto_compact
-        # The writer lock's pid (writers.py reads it after os.fork); in-memory banks and forks hold none.
         self._batching, self._owner, self._forked_from = False, os.getpid() if lock_fd is not None else None, None
         self.compactions = 0  # by this object, automatic or not
         self.compaction_seconds = 0.0  # their wall time, build to commit (in a thread or in the op)

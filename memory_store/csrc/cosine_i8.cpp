@@ -111,8 +111,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(const uin
 }
 // QB queries against every row.
 template <int QB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_vnni(const uint8_t* a, const int8_t* rows, const int32_t* sums, int64_t n, size_t stride, size_t dim,
-               int32_t* out) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_vnni(const uint8_t* a, const int8_t* rows,
+                                                                      const int32_t* sums, int64_t n,
+                                                                      size_t stride, size_t dim, int32_t* out) {
   int64_t r = 0;
   for (; r + 4 <= n; r += 4) block_vnni<QB, 4>(a, rows + r * stride, sums + r, n, stride, dim, out + r);
   for (; r < n; ++r) block_vnni<QB, 1>(a, rows + r * stride, sums + r, n, stride, dim, out + r);

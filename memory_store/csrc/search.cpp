@@ -247,14 +247,12 @@ std::vector<std::vector<Hit>> State::search_many(const std::vector<const State*>
     w.code.resize(static_cast<size_t>(dim));
     w.shifted.resize(m * dim);
     w.scale.resize(m), w.err.resize(m), w.norm.resize(m);
+    QueryI8 q8;  // the walk's query form: code + 128 for the VNNI kernel, and |code|
     for (size_t i = 0; i < m; ++i) {
       w.err[i] = quantize(queries + i * dim, qinv[i], dim, w.code.data(), &w.scale[i]);
-      int32_t sq = 0;
-      for (int j = 0; j < dim; ++j) {
-        sq += int32_t(w.code[j]) * w.code[j];
-        w.shifted[i * dim + j] = static_cast<uint8_t>(int32_t(w.code[j]) + 128);
-      }
-      w.norm[i] = w.scale[i] * std::sqrt(static_cast<float>(sq));
+      q8.set(w.code.data(), static_cast<size_t>(dim));
+      std::copy(q8.shifted.begin(), q8.shifted.end(), w.shifted.begin() + i * dim);
+      w.norm[i] = w.scale[i] * q8.norm;
     }
     w.dots.resize(m * static_cast<size_t>(base->n));
     dots_i8_many(w.shifted.data(), m, bc.codes.data(), bc.sums.data(), base->n, static_cast<size_t>(dim),
