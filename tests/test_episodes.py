@@ -106,7 +106,9 @@ def stage_for(items, policy_cfg=None, **episode):
 
 
 def test_a_reroll_starts_from_its_episodes_snapshot_and_never_changes_it():
-    items = episode_items(CONVS, FACTS, 2, sessions=2)[:1]
+    # a window where both speakers talk in both sessions, so every lane enters session 2 with memories
+    items = [next(it for it in episode_items(CONVS, FACTS, 2, sessions=2)
+                  if all({c["speaker"] for c in calls} == set(it.speakers) for calls in it.calls))]
     policy = ScriptedGenerator(reply=note)
     rollout = stage_for(items).rollout(0, policy)
     first = len(items[0].calls[0])

@@ -89,7 +89,9 @@ def test_one_step_end_to_end(setup, stage_name, k):
 
 def test_forks_keep_rollouts_independent(setup):
     _, _, embedder, manager_items_, _, _ = setup
-    item = manager_items_[0]
+    # an item whose speaker ends with at most top_k memories, so every answer prompt shows the fork's ADDs
+    item = next(it for it in manager_items_ if sum(m.speaker == it.call["speaker"] for m in it.bank)
+                + len(it.call["facts"]) + 1 <= ANSWER.top_k_per_speaker)
     before = [(m.id, m.text) for m in item.bank]
     extra = len(item.call["facts"])   # one ADD per fact is free: each fork writes one memory more
     texts = [json.dumps({"memory": [{"id": str(90 + k), "text": f"new fact {g}" if k == 0 else f"copy {k} of {g}",

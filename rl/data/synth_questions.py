@@ -1,6 +1,8 @@
 """The questions of a synthetic conversation (synthetic.py), asked at its end: their gold answers
 follow each speaker's final state, a slot emptied by a DELETE is answered "none", and a few need two
-memories (a pet total, the city of the one with a job). Categories use Mem0's numbering.
+memories (a pet total, the city of the one with a job). Phrase slots are asked the way LoCoMo asks
+("Why did ...", "How does ... feel about ...", "What did ... do on ..."), with answers copied from the
+memory. Categories use Mem0's numbering.
 """
 from memr1.rl.data import synth_text as T
 
@@ -29,6 +31,10 @@ def slot_questions(name: str, slot: str, v: dict, memory: str | None, on_date: s
         "movie": (f"What is {name}'s favorite movie?", v.get("movie"), 1, "movie"),
         "race": (f"When did {name} run a {v.get('race')}?", date, 2, "race-date"),
         "concert": (f"When did {name} go to a {v.get('genre')} concert?", date, 2, "concert-date"),
+        "hobby": (f"Why did {name} take up {v.get('hobby')}?", v.get("reason"), 1, "hobby-why"),
+        "feeling": (f"How does {name} feel about {v.get('topic')}?", v.get("feeling"), 1, "feeling"),
+        "activity": (f"When did {name} {T.ACTIVITIES.get(v.get('activity'))}?", date, 2, "activity-date"),
+        "award": (f"What did {name} win at {v.get('contest')}?", v.get("prize"), 1, "award"),
     }[slot]
     if memory is None:
         return [(main[0], "none", main[2], main[3] + "-none")]
@@ -41,6 +47,8 @@ def slot_questions(name: str, slot: str, v: dict, memory: str | None, on_date: s
         out.append((f"When did {name} start working as a {v['job']}?", date, 2, "job-date"))
     if slot == "sport" and "every" in memory:
         out.append((f"On which day of the week does {name} play {v['sport']}?", v["day"], 1, "sport-day"))
+    if slot == "activity" and on_date.startswith("on "):
+        out.append((f"What did {name} do {on_date}?", v["activity"], 1, "activity-what"))
     if slot == "trip":
         out.append((f"In which month is {name}'s trip to {v['place']}?", v["month"], 2, "trip-month"))
     return out

@@ -1,7 +1,10 @@
 """Vocabulary and sentence templates for the synthetic conversations (see synthetic.py).
 
 A speaker's persona is a set of slots (pet, home city, job, car, a planned trip, a sister's name, a
-race they ran, ...). Each event kind `<slot>_<what>` has first-person turn templates (what the speaker
+race they ran, ...). Four of them carry a phrase rather than a single value (why a hobby was taken up,
+how the speaker feels about something, what they did on a day, what they won), so that some answers are
+short phrases copied from a memory, as most of LoCoMo's are, and the questions ask "why", "how" and
+"what did ... do" as LoCoMo's do. Each event kind `<slot>_<what>` has first-person turn templates (what the speaker
 says) and one canonical third-person fact (what a good extractor writes down, and what the memory
 bank should then hold). Several turn phrasings per event keep the set varied; the facts stay in one
 form so the oracle is exact. A restatement (`_same`) may say less than the memory holds ("I still
@@ -21,6 +24,13 @@ CITIES = {"Boston": "United States", "Denver": "United States", "Austin": "Unite
           "Seville": "Spain", "Valencia": "Spain", "Dublin": "Ireland", "Cork": "Ireland",
           "Melbourne": "Australia", "Perth": "Australia", "Milan": "Italy", "Naples": "Italy",
           "Bergen": "Norway", "Porto": "Portugal", "Krakow": "Poland", "Auckland": "New Zealand"}
+# An activity as a memory states it -> as a question asks about it ("When did Rosa <this>?").
+ACTIVITIES = {"volunteered at an animal shelter": "volunteer at an animal shelter",
+              "attended a pottery workshop": "attend a pottery workshop",
+              "went camping with family": "go camping with family", "joined a book club": "join a book club",
+              "gave a talk at school": "give a talk at school", "visited an art museum": "visit an art museum",
+              "helped at a food bank": "help at a food bank", "painted a mural": "paint a mural",
+              "hosted a game night": "host a game night", "planted a vegetable garden": "plant a vegetable garden"}
 VOCAB = {
     "pet": ["dog", "cat", "rabbit", "parrot", "hamster", "turtle", "ferret", "goldfish"],
     "city": sorted(CITIES),
@@ -54,16 +64,29 @@ VOCAB = {
     "movie": ["Up", "Jaws", "Alien", "Heat", "Amelie", "Coco", "Rocky", "Psycho", "Fargo", "Vertigo"],
     "race": ["half marathon", "10k race", "triathlon", "charity run"],
     "genre": ["jazz", "rock", "pop", "folk", "techno", "blues"],
+    "hobby": ["pottery", "yoga", "painting", "gardening", "baking", "hiking", "photography", "knitting",
+              "rock climbing", "journaling"],
+    "reason": ["to relieve stress", "to meet new people", "to stay healthy", "to clear the mind",
+               "to be more creative", "to spend time outdoors", "to unwind after work", "to feel calmer"],
+    "feeling": ["excited", "nervous", "proud", "grateful", "hopeful", "anxious", "thrilled", "relieved"],
+    "topic": ["the new apartment", "the upcoming wedding", "the job interview", "the volunteer work",
+              "the art show", "the family reunion", "the new neighborhood", "the cooking class"],
+    "activity": list(ACTIVITIES),
+    "prize": ["a trophy", "a gold medal", "a gift card", "a certificate", "a blue ribbon", "a scholarship"],
+    "contest": ["a baking contest", "a chess tournament", "a photo competition", "a dance competition",
+                "a poetry slam", "a science fair"],
 }
 MONTHS = VOCAB["month"]
 # slot -> the field an ADD draws (and a change draws anew); extra fields drawn with the ADD.
 MAIN = {"pet": "pet", "city": "city", "job": "job", "sport": "sport", "food": "food", "car": "car",
         "instrument": "instrument", "language": "language", "trip": "place", "book": "book",
         "friend": "friend", "dating": "date_name", "sibling": "sibling", "kid": "kid", "allergy": "allergen",
-        "study": "subject", "movie": "movie", "race": "race", "concert": "genre"}
-EXTRA = {"trip": ("month",), "sibling": ("relative",), "kid": ("child",)}
+        "study": "subject", "movie": "movie", "race": "race", "concert": "genre", "hobby": "hobby",
+        "feeling": "feeling", "activity": "activity", "award": "prize"}
+EXTRA = {"trip": ("month",), "sibling": ("relative",), "kid": ("child",), "hobby": ("reason",),
+         "feeling": ("topic",), "award": ("contest",)}
 # Event kinds whose fact carries a date (the session's, or a relative one resolved against it).
-DATED = {"city_move", "job_new", "race_add", "concert_add"}
+DATED = {"city_move", "job_new", "race_add", "concert_add", "activity_add"}
 
 
 def plural(pet: str, n: int) -> str:
@@ -168,6 +191,19 @@ TURNS = {
                  "Did my first {race}{when}."],
     "concert_add": ["I went to a {genre} concert{when}, amazing night.", "Saw a {genre} concert{when}!",
                     "Caught a {genre} concert{when}, the band was great."],
+    "hobby_add": ["I took up {hobby} {reason}, best decision ever.", "I started {hobby} {reason}.",
+                  "{hobby} is my new thing, I picked it up {reason}."],
+    "hobby_same": ["Did some {hobby} again today.", "Still doing {hobby} whenever I can.",
+                   "{hobby} was lovely this weekend."],
+    "feeling_add": ["I'm so {feeling} about {topic}.", "Honestly, {topic} makes me feel {feeling}.",
+                    "Thinking about {topic}, I feel {feeling}."],
+    "feeling_change": ["I'm not {old} about {topic} anymore, now I'm {feeling}.",
+                       "About {topic}: I used to be {old}, now I'm {feeling}.",
+                       "I feel {feeling} about {topic} now, not {old}."],
+    "activity_add": ["I {activity}{when}, it was wonderful.", "Guess what, I {activity}{when}!",
+                     "So I {activity}{when}, what a day."],
+    "award_add": ["I won {prize} at {contest}!", "Guess who took home {prize} from {contest}? Me!",
+                  "At {contest} I won {prize}, still smiling."],
 }
 
 # event kind -> canonical third-person fact (what extraction should yield and the memory should hold).
@@ -196,6 +232,9 @@ FACTS = {
     "study_add": "{name} is studying {subject}", "study_quit": "{name} dropped the {subject} course",
     "movie_add": "{name}'s favorite movie is {movie}", "movie_change": "{name}'s favorite movie is {movie}",
     "race_add": "{name} ran a {race} {on_date}", "concert_add": "{name} went to a {genre} concert {on_date}",
+    "hobby_add": "{name} took up {hobby} {reason}", "hobby_same": "{name} does {hobby}",
+    "feeling_add": "{name} feels {feeling} about {topic}", "feeling_change": "{name} feels {feeling} about {topic}",
+    "activity_add": "{name} {activity} {on_date}", "award_add": "{name} won {prize} at {contest}",
 }
 
 CHITCHAT = ["Haha, that's great to hear!", "Oh wow, tell me more.", "How has your week been?",

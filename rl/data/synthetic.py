@@ -1,7 +1,8 @@
 """Synthetic multi-session dialogues with a known fact timeline, written in LoCoMo's JSON layout.
 
 Two speakers chat over a few dated sessions. Each speaker has many distinct facts (seven to eleven
-slots of nineteen: pets, home, job, car, a planned trip, a sister, a race they ran, ...), so most
+slots of twenty-three: pets, home, job, car, a planned trip, a sister, a race they ran, why they took up
+a hobby, how they feel about something, what they did on a day, ...), so most
 fact-bearing turns introduce something new (ADD), as in real dialogue. Some facts change (UPDATE: a
 move, a new job, a second pet), some stop being true (DELETE: a quit job, a sold car, a cancelled
 trip), and some are restated, often with less detail than the memory holds (NONE: "I still love
@@ -60,6 +61,10 @@ def _slot_plan(rng: random.Random) -> dict[str, list[str]]:
         "movie": ["movie_add"] + pick([[], ["movie_change"]]),
         "race": ["race_add"],
         "concert": ["concert_add"],
+        "hobby": ["hobby_add"] + ["hobby_same"] * rng.randint(0, 1),
+        "feeling": ["feeling_add"] + pick([[], ["feeling_change"]]),
+        "activity": ["activity_add"],
+        "award": ["award_add"],
     }
     chosen = rng.sample(sorted(plans), rng.randint(7, 11))
     return {k: plans[k] for k in chosen}
