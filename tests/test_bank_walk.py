@@ -62,6 +62,27 @@ def test_every_i8_cosine_kernel_gives_the_walk_the_same_distance():
     assert {"reference", "scalar"} <= kernels
 
 
+def test_every_batched_i8_kernel_gives_the_exact_products():
+    """search_forks scores a base for many queries at once (dots_i8_many: 4 queries x 4 rows a pass on
+    VNNI CPUs, AVX2 or a plain loop elsewhere); each kernel this CPU runs must give numpy's exact integer
+    products, for query and row counts that leave a remainder and dims with and without a tail, at the
+    extremes of int8."""
+    rng = np.random.default_rng(1)
+    kernels = set()
+    for m, n, dim in ((1, 1, 1), (3, 5, 17), (4, 4, 64), (5, 9, 65), (8, 7, 384), (9, 13, 385), (2, 3, 1024)):
+        codes = rng.integers(-128, 128, (m, dim), dtype=np.int8)
+        rows = rng.integers(-128, 128, (n, dim), dtype=np.int8)
+        codes[0], rows[0] = -128, -128        # the largest products, in every lane
+        if n > 1:
+            rows[1] = 127
+        shifted = (codes.astype(np.int16) + 128).astype(np.uint8)
+        want = codes.astype(np.int64) @ rows.astype(np.int64).T
+        for name, got in _core.Graph.dots_i8_many_kernels(shifted, rows, rows.sum(axis=1, dtype=np.int32)):
+            kernels.add(name)
+            assert got.tolist() == want.tolist(), (name, m, n, dim)
+    assert "scalar" in kernels
+
+
 def test_a_graph_whose_links_leave_it_is_refused(tmp_path):
     """A link naming a node past the graph's end would send a walk outside the mapped file: the graph is
     refused when it is opened, with the node named. (Segment files are also checksummed, so this is

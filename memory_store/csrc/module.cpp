@@ -197,6 +197,22 @@ PYBIND11_MODULE(_core, m) {
         if (a.ndim() != 1 || b.ndim() != 1 || a.size() != b.size()) throw BadInput("cos_i8_kernels: two int8 vectors of one length");
         return cos_i8_kernels(a.data(), b.data(), static_cast<size_t>(a.size()));
       })
+      .def_static("dots_i8_many_kernels", [](py::array_t<uint8_t, py::array::c_style> shifted,
+                                             py::array_t<int8_t, py::array::c_style> rows,
+                                             py::array_t<int32_t, py::array::c_style> sums) {
+        if (shifted.ndim() != 2 || rows.ndim() != 2 || sums.ndim() != 1 || shifted.shape(1) != rows.shape(1) ||
+            sums.size() != rows.shape(0))
+          throw BadInput("dots_i8_many_kernels: (m, dim) uint8 queries, (n, dim) int8 rows and their n sums");
+        const auto m = shifted.shape(0), n = rows.shape(0), dim = rows.shape(1);
+        py::list out;
+        for (const auto& [name, kernel] : dots_i8_many_kernels()) {
+          py::array_t<int32_t> got({m, n});
+          kernel(shifted.data(), static_cast<size_t>(m), rows.data(), sums.data(), n, static_cast<size_t>(dim),
+                 static_cast<size_t>(dim), got.mutable_data());
+          out.append(py::make_tuple(name, got));
+        }
+        return out;
+      })
       .def("candidates", [](const Graph& g, py::array_t<float, py::array::c_style | py::array::forcecast> q, size_t count,
                             py::array_t<uint64_t, py::array::c_style | py::array::forcecast> excluded, bool reference) {
         if (q.ndim() != 1 || size_t(q.size()) != g.dim()) throw BadInput("candidates: a float32 query of the graph's dim");
