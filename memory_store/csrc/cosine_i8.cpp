@@ -145,30 +145,19 @@ std::vector<std::pair<std::string, float>> cos_i8_kernels(const int8_t* a, const
 }
 
 namespace {
-void many_scalar(const uint8_t* shifted, size_t m, const int8_t* rows, const int32_t*, int64_t n, size_t stride,
-                 size_t dim, int32_t* out) {
-  for (size_t i = 0; i < m; ++i)
-    for (int64_t r = 0; r < n; ++r) {
-      const uint8_t* a = shifted + i * stride;
-      const int8_t* b = rows + r * stride;
-      int32_t s = 0;
-      for (size_t j = 0; j < dim; ++j) s += (int32_t(a[j]) - 128) * b[j];
-      out[i * n + r] = s;
-    }
-}
-#if defined(__x86_64__)
-// CPUs without VNNI: each query's code back in i8 (a = shifted - 128, one XOR), then the walk's AVX2
-// products (dot_avx2), exact.
-__attribute__((target("avx2"))) void many_avx2(const uint8_t* shifted, size_t m, const int8_t* rows,
-                                               const int32_t*, int64_t n, size_t stride, size_t dim,
-                                               int32_t* out) {
+// One of the walk's pair kernels per (query, row), each query's code back in i8 first (a = shifted - 128,
+// one XOR): the scalar loop anywhere, AVX2 on CPUs without VNNI.
+template <DotI8 dot>
+void many_pairs(const uint8_t* shifted, size_t m, const int8_t* rows, const int32_t* sums, int64_t n,
+                size_t stride, size_t dim, int32_t* out) {
   QueryI8 q;
   q.a.resize(dim);
   for (size_t i = 0; i < m; ++i) {
     for (size_t j = 0; j < dim; ++j) q.a[j] = static_cast<int8_t>(shifted[i * stride + j] ^ 0x80u);
-    for (int64_t r = 0; r < n; ++r) out[i * n + r] = dot_avx2(q, rows + r * stride, 0, dim);
+    for (int64_t r = 0; r < n; ++r) out[i * n + r] = dot(q, rows + r * stride, sums[r], dim);
   }
 }
+#if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void many_vnni(const uint8_t* shifted, size_t m,
                                                                       const int8_t* rows, const int32_t* sums,
                                                                       int64_t n, size_t stride, size_t dim,
@@ -181,10 +170,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void many_vnni(const uint
 }  // namespace
 
 std::vector<std::pair<std::string, DotsI8Many>> dots_i8_many_kernels() {
-  std::vector<std::pair<std::string, DotsI8Many>> out{{"scalar", many_scalar}};
+  std::vector<std::pair<std::string, DotsI8Many>> out{{"scalar", many_pairs<dot_scalar>}};
 #if defined(__x86_64__)
   __builtin_cpu_init();  // this runs from a static initialiser (dots_i8_many, below)
-  if (__builtin_cpu_supports("avx2")) out.emplace_back("avx2", many_avx2);
+  if (__builtin_cpu_supports("avx2")) out.emplace_back("avx2", many_pairs<dot_avx2>);
   if (has_vnni()) out.emplace_back("avx512_vnni", many_vnni);
 #endif
   return out;
