@@ -210,6 +210,22 @@ def test_stage_names_parse_once_into_role_and_kind():
         load_config(None, ['stages=["manager", "manager_control"]'])
 
 
+def test_a_control_takes_the_rl_stage_s_prompts_and_its_own_lr_or_the_warm_start_s():
+    from memr1.engine.config.stages import stage_config
+    stages = 'stages=["manager_warm", "manager", "manager_control"]'
+    cfg = load_config(None, [stages, "stage.manager.steps=7", "stage.manager.prompts_per_step=3",
+                             "stage.manager.lr=2e-6", "stage.manager_warm.lr=4e-4",
+                             "stage.manager_warm.group_size=1"])
+    control = stage_config(cfg, "manager_control")
+    assert (control.steps, control.prompts_per_step, control.group_size, control.lr) == (7, 3, 1, 4e-4)
+    own = load_config(None, [stages, "stage.manager_warm.lr=4e-4", "stage.manager_warm.group_size=1",
+                             "stage.manager_control.lr=3e-5"])
+    assert stage_config(own, "manager_control").lr == 3e-5
+    assert stage_config(own, "answer_control").lr == own.stage.answer_warm.lr   # the other role keeps its default
+    with pytest.raises(ConfigError, match="manager_control"):
+        load_config(None, ["stage.manager_control.steps=3"])   # a control's steps are never its own
+
+
 def test_reading_a_run_config_imports_no_torch():
     """The run config, its resolution and every component config they compose live in torch-free
     modules: reading a TOML loads no torch (a package __init__ that re-exports torch code would)."""

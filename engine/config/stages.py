@@ -8,15 +8,22 @@ splits one, so a mistyped name fails at config load.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import msgspec
+from msgspec import Meta
 
 from memr1.engine.config.errors import ConfigError
 from memr1.rl.stages import StageConfig
 
 if TYPE_CHECKING:
     from memr1.engine.config.run import RunConfig
+
+
+class ControlConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A supervised control's own settings; its steps and prompts are always its RL stage's."""
+    lr: Annotated[float, Meta(gt=0, le=1)] | None = None   # None: the warm start's. A control is a baseline, so
+                                                           # it gets its own best lr (tuned on val), not RL's
 
 
 class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -27,6 +34,8 @@ class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
     # prompts_per_step counts episode items (conversation windows), group_size the episodes of each (G)
     manager_episode: StageConfig = msgspec.field(default_factory=lambda: StageConfig(prompts_per_step=1))
+    manager_control: ControlConfig = msgspec.field(default_factory=ControlConfig)
+    answer_control: ControlConfig = msgspec.field(default_factory=ControlConfig)
     # Stage 1's frozen answer agent: "latest" = this run's newest answer-agent checkpoint when one
     # exists (an answer stage ran before the manager's), else the base model; "base"; or a checkpoint.
     frozen_answer: str = "latest"
@@ -64,13 +73,15 @@ def stage_name(name: str) -> StageName:
 
 
 def stage_config(cfg: RunConfig, name: str) -> StageConfig:
-    """A stage's settings. A control's are derived, not set: the warm start's supervised loss and lr,
-    continued from the warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply
-    each), so it sees exactly the prompts RL saw, with the oracle's reply instead of a reward."""
+    """A stage's settings. A control's are derived: the warm start's supervised loss, continued from the
+    warm checkpoint for the RL stage's steps on the RL stage's prompts (one reply each), so it sees
+    exactly the prompts RL saw, with the oracle's reply instead of a reward; its lr is its own
+    (`[stage.<role>_control] lr`) or else the warm start's."""
     n = stage_name(name)
     if n.kind == "control":
         rl, warm = getattr(cfg.stage, n.of("rl")), getattr(cfg.stage, n.of("warm"))
-        return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=warm.lr)
+        lr = getattr(cfg.stage, name).lr or warm.lr
+        return StageConfig(steps=rl.steps, prompts_per_step=rl.prompts_per_step, group_size=1, lr=lr)
     if n.kind == "episode" and cfg.episode.curriculum:   # the curriculum's phases set the steps
         return msgspec.structs.replace(cfg.stage.manager_episode, steps=sum(p.steps for p in cfg.episode.curriculum))
     return getattr(cfg.stage, name)
