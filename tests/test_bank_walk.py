@@ -63,13 +63,15 @@ def test_every_i8_cosine_kernel_gives_the_walk_the_same_distance():
 
 
 def test_every_batched_i8_kernel_gives_the_exact_products():
-    """search_forks scores a base for many queries at once (dots_i8_many: 4 queries x 4 rows a pass on
-    VNNI CPUs, AVX2 or a plain loop elsewhere); each kernel this CPU runs must give numpy's exact integer
-    products, for query and row counts that leave a remainder and dims with and without a tail, at the
-    extremes of int8."""
+    """search_forks scores a base for many queries at once (dots_i8_many: tiles of 16 rows x 16 queries
+    on AMX CPUs, 4 queries x 4 rows a pass on VNNI CPUs, AVX2 or a plain loop elsewhere); each kernel this
+    CPU runs must give numpy's exact integer products, for query and row counts that leave a remainder
+    (AMX: fewer than 8 queries, part-filled tiles, more than 4 query tiles) and dims with and without a
+    tail, at the extremes of int8."""
     rng = np.random.default_rng(1)
     kernels = set()
-    for m, n, dim in ((1, 1, 1), (3, 5, 17), (4, 4, 64), (5, 9, 65), (8, 7, 384), (9, 13, 385), (2, 3, 1024)):
+    for m, n, dim in ((1, 1, 1), (3, 5, 17), (4, 4, 64), (5, 9, 65), (8, 7, 384), (9, 13, 385), (2, 3, 1024),
+                      (8, 1, 3), (16, 16, 64), (17, 33, 384), (70, 40, 100), (64, 50, 1024)):
         codes = rng.integers(-128, 128, (m, dim), dtype=np.int8)
         rows = rng.integers(-128, 128, (n, dim), dtype=np.int8)
         codes[0], rows[0] = -128, -128        # the largest products, in every lane

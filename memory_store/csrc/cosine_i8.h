@@ -50,11 +50,12 @@ std::vector<std::pair<std::string, DotI8>> dot_i8_kernels();
 
 // a_i.b_r for m queries and n rows into out[i * n + r]: query i as a + 128 in u8 at shifted + i * stride,
 // row r at rows + r * stride with sum(b_r) at sums[r]. Exact integers, as dot_i8 gives them; on VNNI
-// CPUs 4 queries x 4 rows per pass, so that each load of either side feeds four products.
+// CPUs 4 queries x 4 rows per pass, so that each load of either side feeds four products; on AMX CPUs
+// tile products of 16 rows x 16 queries.
 using DotsI8Many = void (*)(const uint8_t* shifted, size_t m, const int8_t* rows, const int32_t* sums, int64_t n,
                            size_t stride, size_t dim, int32_t* out);
 extern const DotsI8Many dots_i8_many;  // the fastest kernel this CPU runs
-// Every kernel this CPU runs, by name ("scalar", "avx2", "avx512_vnni"), for the tests.
+// Every kernel this CPU runs, by name ("scalar", "avx2", "avx512_vnni", "amx"), for the tests.
 std::vector<std::pair<std::string, DotsI8Many>> dots_i8_many_kernels();
 
 // The distance of a and b: the plain three-sum loop ("reference"), then each kernel as the walk uses it.
