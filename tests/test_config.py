@@ -214,16 +214,27 @@ def test_a_control_takes_the_rl_stage_s_prompts_and_its_own_lr_or_the_warm_start
     from memr1.engine.config.stages import stage_config
     stages = 'stages=["manager_warm", "manager", "manager_control"]'
     cfg = load_config(None, [stages, "stage.manager.steps=7", "stage.manager.prompts_per_step=3",
-                             "stage.manager.lr=2e-6", "stage.manager_warm.lr=4e-4",
-                             "stage.manager_warm.group_size=1"])
+                             "stage.manager.lr=2e-6", "stage.manager_warm.lr=4e-4"])
     control = stage_config(cfg, "manager_control")
     assert (control.steps, control.prompts_per_step, control.group_size, control.lr) == (7, 3, 1, 4e-4)
-    own = load_config(None, [stages, "stage.manager_warm.lr=4e-4", "stage.manager_warm.group_size=1",
-                             "stage.manager_control.lr=3e-5"])
+    own = load_config(None, [stages, "stage.manager_warm.lr=4e-4", "stage.manager_control.lr=3e-5"])
     assert stage_config(own, "manager_control").lr == 3e-5
     assert stage_config(own, "answer_control").lr == own.stage.answer_warm.lr   # the other role keeps its default
     with pytest.raises(ConfigError, match="manager_control"):
         load_config(None, ["stage.manager_control.steps=3"])   # a control's steps are never its own
+
+
+def test_a_stage_section_given_in_part_keeps_that_stage_s_defaults(tmp_path):
+    """One key of a stage set (a TOML section or an override) leaves the stage's other settings at the
+    stage's own defaults: a warm start's group_size stays 1, not the RL stages' 8."""
+    from memr1.engine.config.stages import StagesConfig
+    defaults = StagesConfig()
+    cfg = load_config(None, ["stage.manager_warm.lr=4e-4", "stage.manager.steps=3"])
+    assert cfg.stage.manager_warm == msgspec.structs.replace(defaults.manager_warm, lr=4e-4)
+    assert cfg.stage.manager == msgspec.structs.replace(defaults.manager, steps=3)
+    f = tmp_path / "c.toml"
+    f.write_text("[stage.answer_warm]\nsteps = 5\n")
+    assert load_config(f).stage.answer_warm == msgspec.structs.replace(defaults.answer_warm, steps=5)
 
 
 def test_reading_a_run_config_imports_no_torch():

@@ -156,6 +156,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         check_keys(set_dotted({}, key, value, item), RunConfig, by_key[key])
         set_dotted(raw, key, value, item)
     check_keys(raw, RunConfig, f"{where} + overrides")
+    stage_defaults(raw)
     try:
         cfg = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as e:
@@ -164,6 +165,18 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         raise ConfigError(f"{where}: {e}") from None
     check(cfg, where, by_key)
     return cfg
+
+
+def stage_defaults(raw: dict) -> None:
+    """A `[stage.<name>]` given in part keeps that stage's own defaults for the rest (a warm start's
+    group_size is 1), not the plain StageConfig's, which decoding the section alone would give."""
+    given = raw.get("stage")
+    if not isinstance(given, dict):
+        return
+    defaults = msgspec.to_builtins(StagesConfig())
+    for name, section in given.items():
+        if isinstance(section, dict) and isinstance(defaults.get(name), dict):
+            given[name] = {**defaults[name], **section}
 
 
 def parse_override(item: str) -> tuple[str, Any]:
