@@ -60,6 +60,45 @@ def test_search_forks_equals_each_search(layout, speaker):
             same(res, want)
 
 
+THREADED = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from test_bank_search_forks import MemoryBank, clustered, rollout_forks, same, search_forks
+n, dim = 2_000, 100
+root = MemoryBank.from_arrays(None, clustered(n, dim, 0), [f"m{i}" for i in range(n)], ["A", "B"] * (n // 2),
+                              ["t"] * n, hnsw_threshold=10**9)
+calls = [rollout_forks(root, n, dim, 16, seed=10 * t) for t in range(4)]
+got = {}
+def search(t):
+    got[t] = [search_forks(*calls[t], 5) for _ in range(20)]
+workers = [threading.Thread(target=search, args=(t,)) for t in range(4)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+for t in range(4):
+    want = search_forks(*calls[t], 5)
+    for results in got[t]:
+        for a, b in zip(results, want, strict=True):
+            same(a, b)
+print("ok", len(got))
+"""
+
+
+def test_search_forks_from_threads_as_one_after_another():
+    """Batched searches from 4 threads at once (16 queries each, so AMX CPUs score the base in tiles)
+    return what the same calls return one after another. In a fresh process whose threads search before
+    any other does: a thread's tile setup is its own (a new thread inherits its creator's), so a kernel
+    that set the tiles up once per process would fault here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", THREADED, str(Path(__file__).parent)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["ok", "4"], (done.returncode, done.stderr[-2000:])
+
+
 @pytest.mark.parametrize("dim", [8, 100, 384])
 def test_search_forks_exact_base_at_the_edges_of_the_i8_bound(dim):
     """The i8 scores of an exact base rule rows out only where their error bound proves it: near-ties
