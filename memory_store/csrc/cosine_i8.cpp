@@ -237,7 +237,9 @@ __attribute__((target("amx-tile,amx-int8"))) void many_amx(const uint8_t* shifte
     const int64_t nr = std::min<int64_t>(16, n - r);
     const int8_t* a = rows + r * stride;
     size_t a_stride = stride;
-    if (nr < 16 || (r + 15) * stride + kp > end) {  // a tile reads 16 lines of kp bytes
+    // A tile reads 16 lines of kp bytes; copy when that would pass the rows' end (a part-filled block
+    // always would).
+    if ((r + 15) * stride + kp > end) {
       std::fill(last.begin(), last.end(), 0);
       for (int64_t j = 0; j < nr; ++j) std::copy(a + j * stride, a + j * stride + dim, last.data() + j * kp);
       a = last.data(), a_stride = kp;
