@@ -166,7 +166,8 @@ class MemoryBank:
 
     def _sink(self):
         """Where an op's record goes: the op log, and a background compaction's recorder while one runs."""
-        return self._job.recorder if self._job is not None else self._log
+        job = self._job
+        return job.recorder if job is not None and not job.committed else self._log
 
     def wait_for_compaction(self) -> None:
         """Return once no background compaction of this bank is in flight (each has committed or failed;
@@ -227,14 +228,16 @@ class MemoryBank:
         """Fold the delta into a new base (the one O(n) step) now; a background compaction in flight
         finishes first. Ids stay the same. Searches running in other threads meanwhile see the old
         state; the new one replaces it whole."""
-        while True:
+        gen = None
+        while gen is None:
             self.wait_for_compaction()
             with self._write:
                 if self._job is None:  # else another thread's op started one meanwhile
                     self._check_writable()
-                    compaction.commit(self, compaction.build(self._core.fork(), self.config, self.path, self._manifest,
-                                                             self._segment))
-                    return
+                    gen = compaction.build(self._core.fork(), self.config, self.path, self._manifest, self._segment)
+                    old = compaction.commit(self, gen)
+        old = None  # noqa: F841 - the old generation released outside the lock
+        compaction.finished(self, gen)
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""

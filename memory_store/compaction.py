@@ -10,19 +10,28 @@ compaction with `BankConfig.auto_compact_background` off. With it on, the op pas
 starts a `Background` job and returns: ops keep landing in the old generation (searches and forks
 use it too), and their log records are also kept (a native Recorder sink). The thread builds,
 replays the kept records onto the new state (logging them again in the new op log), then takes the
-write lock only to replay the few that arrived meanwhile and commit. No op waits for the O(n) build,
-and the thread holds the GIL in short slices: rows are read and encoded a slice at a time, and the
-native state is rebuilt without it (`State.rebased`).
+write lock only to replay the few that arrived meanwhile and commit; the old generation is released
+after the lock. No op waits for the O(n) build, and the thread holds the GIL in short slices: rows
+are read and encoded a slice at a time, and the native state is rebuilt without it (`State.rebased`).
+
+What a build costs beyond the changed rows: a row the old base still holds keeps its Memory object,
+its vector is copied from the old base's file to the new one in the kernel (CarriedVectors), its
+norm is carried (State.rebased), and its graph node is carried over (graph.py); the files are still
+written, checksummed and synced whole, the vectors' while the graphs are built.
 """
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankIOError
 from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, replay
 from memr1.memory_store.segment import Segment, memory_segment
+from memr1.memory_store.segment_io import CarriedVectors
 from memr1.memory_store.storage import (commit_generation, discard_generation, open_generation, prepare_generation,
                                         remove_stale)
 
@@ -48,10 +57,14 @@ def auto(bank) -> None:
         bank._job = Background(bank)
         return
     try:
-        commit(bank, build(bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment))
+        gen = build(bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment)
+        old = commit(bank, gen)
     except BankIOError as e:
         failed(bank, e)
         report_failure(bank)
+    else:
+        old = None  # the op pays for the release too
+        finished(bank, gen)
 
 
 def failed(bank, error: BaseException) -> None:
@@ -70,31 +83,49 @@ def report_failure(bank) -> None:
     warnings.warn(f"automatic compaction of bank {bank.path} failed: {e}", RuntimeWarning, stacklevel=4)
 
 
-def live_rows(snap) -> tuple[list[Memory], object]:
+def live_rows(snap, base: Segment | None = None, base_file: Path | None = None) -> tuple[list[Memory], object]:
     """A state's live memories and their vectors, id order (snap: a fork nobody writes). The records
-    are listed once without the GIL, then turned into Python objects a slice per GIL hold."""
+    are listed once without the GIL, then turned into Python objects a slice per GIL hold. With `base`
+    (snap's base segment), a row the base holds is its Memory there (the same version: a changed row
+    lives in the delta), so only the delta's rows are made. With `base_file` too (base's vectors.f32),
+    the vectors are CarriedVectors: only the delta's rows are read from memory, the rest are copied
+    from that file when the new base is written."""
     rows = snap.live_rows()
-    memories = []
-    for start in range(0, len(rows), ROWS_PER_SLICE):
-        memories += [Memory(*row) for row in rows.slice(start, start + ROWS_PER_SLICE)]
-    return memories, rows.vectors()
+    if base is None:
+        memories = []
+        for start in range(0, len(rows), ROWS_PER_SLICE):
+            memories += [Memory(*row) for row in rows.slice(start, start + ROWS_PER_SLICE)]
+        return memories, rows.vectors()
+    at = rows.base_rows()
+    fresh = np.flatnonzero(at < 0)
+    held = base.memories
+    memories = [held[r] if r >= 0 else None for r in at.tolist()]
+    for start in range(0, len(fresh), ROWS_PER_SLICE):
+        some = fresh[start:start + ROWS_PER_SLICE]
+        for i, row in zip(some.tolist(), rows.tuples(some)):
+            memories[i] = Memory(*row)
+    if base_file is None:
+        return memories, rows.vectors()
+    return memories, CarriedVectors(base_file, at, rows.vectors(fresh))
 
 
 def build(snap, config: BankConfig, path, previous: Manifest | None, segment: Segment | None = None) -> Generation:
     """The generation after `previous` holding `snap`'s live memories (snap: a fork nobody writes);
     on disk its graphs are carried over from `segment`, previous's base, where they can be (graph.py)."""
     started = time.perf_counter()
-    memories, vectors = live_rows(snap)
+    on_disk = path is not None and previous is not None and segment is not None and len(segment)
+    base_file = path / f"base-{previous.generation}" / "vectors.f32" if on_disk else None
+    memories, vectors = live_rows(snap, segment, base_file)
     manifest = Manifest(FORMAT, VERSION, config, previous.generation + 1 if previous else 1, snap.next_id, snap.lsn,
                         len(memories))
     log = None
     if path is None:
         base = memory_segment(vectors, memories, config)
     else:
-        manifest = prepare_generation(path, manifest, vectors, memories,
-                                      (previous, segment) if previous and segment is not None else None)
+        manifest, graphs = prepare_generation(path, manifest, vectors, memories,
+                                              (previous, segment) if previous and segment is not None else None)
         try:
-            base, log = open_generation(path, manifest, config, True, memories)
+            base, log = open_generation(path, manifest, config, True, memories, graphs)
         except BaseException:
             discard_generation(path, manifest.generation)
             raise
@@ -111,8 +142,11 @@ def discard(gen: Generation, path) -> None:
         discard_generation(path, gen.manifest.generation)
 
 
-def commit(bank, gen: Generation) -> None:
-    """Make `gen` the bank's generation (the caller holds its write lock). On failure the bank keeps its own."""
+def commit(bank, gen: Generation) -> tuple:
+    """Make `gen` the bank's generation (the caller holds its write lock). Returns the (state, segment)
+    it replaced, for the caller to drop once it has released the lock: that unmaps the old generation's
+    files, whose pages the kernel then frees (tens of ms at 1e5 rows), which no op need wait for; then
+    `finished`. On failure the bank keeps its own."""
     if bank.path is not None:
         try:
             gen.log.sync()  # the ops replayed into it were durable in the old log (fsync policy permitting)
@@ -127,17 +161,23 @@ def commit(bank, gen: Generation) -> None:
         bank._log = gen.log
         remove_stale(bank.path, gen.manifest.generation)
     bank._manifest = gen.manifest
+    old = bank._core, bank._segment
     bank._install(gen.core, gen.segment)
     bank.compactions += 1
+    return old
+
+
+def finished(bank, gen: Generation) -> None:
+    """After commit, the replaced generation dropped: the compaction's wall time, build to release."""
     bank.compaction_seconds += time.perf_counter() - gen.started
 
 
 class Background:
-    """One automatic compaction in a thread. Made under the bank's write lock; while it runs, the bank
-    sends its ops' records to `recorder` (which passes them on to the bank's op log)."""
+    """One automatic compaction in a thread. Made under the bank's write lock; until it has committed,
+    the bank sends its ops' records to `recorder` (which passes them on to the bank's op log)."""
 
     def __init__(self, bank):
-        self.recorder = _core.Recorder(bank._log)
+        self.recorder, self.committed = _core.Recorder(bank._log), False
         args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment)
         self.thread = threading.Thread(target=self._run, args=args, name="memr1-compaction")
         self.thread.start()
@@ -152,12 +192,16 @@ class Background:
             replay(gen.core, records, where, gen.log)
             with bank._write:
                 replay(gen.core, self.recorder.records(len(records)), where, gen.log)
-                commit(bank, gen)
+                old = commit(bank, gen)
+                self.committed = True
+            old = previous = segment = None  # the old generation released outside the lock
+            finished(bank, gen)
+            with bank._write:
                 bank._job = None
                 if bank._past_threshold(bank._core):  # ops came faster than the build: go again
                     auto(bank)
         except BaseException as e:  # noqa: BLE001 - handed to the bank's next op (bank.py)
-            if gen is not None:
+            if gen is not None and not self.committed:
                 discard(gen, path)
             with bank._write:
                 failed(bank, e)

@@ -13,7 +13,7 @@ import msgspec
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError
 from memr1.memory_store.records import FORMAT, READS_VERSIONS, Manifest
-from memr1.memory_store.segment import read_regular
+from memr1.memory_store.segment_io import read_regular
 
 _CHECKSUM = re.compile(rb',"checksum":(\d{1,10})}$')
 

@@ -32,9 +32,9 @@ from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError, BankIOError
 from memr1.memory_store.graph import build_graph, fold_graph
 from memr1.memory_store.records import BankConfig, Memory
+from memr1.memory_store.segment_io import Settling, encode_memories, fsync_path, read_regular, settle, write_vectors
 
 _memories = msgspec.msgpack.Decoder(list[Memory])
-_encoder = msgspec.msgpack.Encoder()
 
 
 class SearchResult(NamedTuple):
@@ -104,7 +104,8 @@ def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.
     row r holds new[0][r] (ids) at new[1][r] (their `updated`), `keys` the speaker's rows; or None to
     build it anew: no graph before, or more changed rows than config.hnsw_rebuild_at of them. A row
     carries over when the same memory, not updated since, is in both bases (ids only grow, so it moves
-    to a row no higher); the rest of the old rows are removed and the rest of the new ones added."""
+    to a row no higher; `renamed` lists those that move); the rest of the old rows are removed and the
+    rest of the new ones added."""
     if speaker not in previous.speakers_indexed or config.hnsw_rebuild_at <= 0:
         return None
     ids, updated = new
@@ -120,7 +121,8 @@ def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.
         return None
     path = previous.folder / f"hnsw-{previous.speakers_indexed.index(speaker)}.usearch"
     u64 = lambda a: a.astype(np.uint64)  # noqa: E731
-    return path, u64(removed), (u64(kept_from), u64(kept_to)), u64(added)
+    moved = kept_from != kept_to  # rows stay put up to the first dead one (updates and adds move none)
+    return path, u64(removed), (u64(kept_from[moved]), u64(kept_to[moved])), u64(added)
 
 
 def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None,
@@ -149,64 +151,30 @@ def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfi
     return graphs, orphans
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a folder (which makes the renames and creations in it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_regular(path: Path) -> bytes:
-    """A regular file's bytes, never through a symlink and never waiting on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BankFormatError(f"{path} is not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def encode_memories(memories: list[Memory], rows_per_call: int = 8192) -> bytes:
-    """msgspec's msgpack encoding of `memories` (a list), built from slices so that a background
-    compaction holds the GIL for one slice at a time: the array header, then each slice's elements."""
-    n = len(memories)
-    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
-    parts = [head]
-    for start in range(0, n, rows_per_call):
-        part = _encoder.encode(memories[start:start + rows_per_call])
-        m = min(rows_per_call, n - start)
-        parts.append(part[1 if m < 16 else 3 if m < 1 << 16 else 5:])  # without the slice's own header
-    return b"".join(parts)
-
-
-def write_segment(folder: Path, vectors: np.ndarray, memories: list[Memory], config: BankConfig,
-                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]]]:
-    """Write a complete segment at `folder` atomically, its graphs carried over from `previous` where
-    they can be. Returns the speakers that got an HNSW index, each file's (size, CRC32C) and each
-    graph's orphan rows (for the manifest)."""
+def write_segment(folder: Path, vectors, memories: list[Memory], config: BankConfig,
+                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]], dict]:
+    """Write a complete segment at `folder` atomically (`vectors`: an array, or CarriedVectors), its
+    graphs carried over from `previous` where they can be. Returns the speakers that got an HNSW
+    index, each file's (size, CRC32C) and each graph's orphan rows (for the manifest), and the
+    native graphs (views of the files written, for open_segment)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    with open(tmp / "vectors.f32", "wb") as f:  # not tofile(), whose OSError carries no errno
-        f.write(vectors.data)
+    vectors = write_vectors(tmp / "vectors.f32", vectors, len(memories), config.dim)
     (tmp / "records.msgpack").write_bytes(encode_memories(memories))
-    graphs, orphans = build_indexes(vectors, memories, config, previous, tmp)
+    # The rows' files are checksummed and synced in a thread while the graphs are built (both mostly
+    # without the GIL: disk writes, CRC32C and usearch's insertion).
+    rows_settled = Settling([tmp / "vectors.f32", tmp / "records.msgpack"])
+    try:
+        graphs, orphans = build_indexes(vectors, memories, config, previous, tmp)
+    finally:
+        files = rows_settled.result()
     speakers = sorted(graphs)
-    del graphs  # their mappings of the files: the segment opens its own
-    files = {f.name: _core.file_crc32c(str(f)) for f in sorted(tmp.iterdir())}
-    for f in tmp.iterdir():
-        fsync_path(f)
+    files |= settle([f for f in sorted(tmp.iterdir()) if f.name.startswith("hnsw-")])
     fsync_path(tmp)
-    os.replace(tmp, folder)
+    os.replace(tmp, folder)  # the graphs' mappings stay valid: a rename keeps the files
     fsync_path(folder.parent)
-    return speakers, files, orphans
+    return speakers, files, orphans, graphs
 
 
 def segment_files(speakers_indexed: list[str]) -> list[str]:
@@ -227,11 +195,11 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
                  files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None,
-                 orphans: dict[str, list[int]] | None = None) -> Segment:
+                 orphans: dict[str, list[int]] | None = None, graphs: dict | None = None) -> Segment:
     """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `orphans`:
-    the manifest's rows each graph leaves to exact scans. `memories`:
-    its rows as the caller just wrote them (compaction, whose write_segment computed the checksums
-    from the same bytes), which are then neither checksummed nor decoded again."""
+    the manifest's rows each graph leaves to exact scans. `memories` and `graphs`:
+    its rows and native graphs as the caller just wrote them (compaction, whose write_segment computed
+    the checksums from the same bytes), which are then neither checksummed nor read again."""
     path = folder / "records.msgpack"
     try:
         for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
@@ -254,13 +222,14 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
             vectors = np.memmap(path, dtype=np.float32, mode="r", shape=(len(memories), config.dim))
         else:
             vectors = np.empty((0, config.dim), np.float32)
-        graphs = {}
-        for i, speaker in enumerate(speakers_indexed):
-            path = folder / f"hnsw-{i}.usearch"
-            graph = _core.Graph.view(str(path), config.hnsw_expansion_search)  # BankFormatError if not one
-            if graph.dim != config.dim:
-                raise BankFormatError(f"{path} is not a usearch index of dim {config.dim}")
-            graphs[speaker] = graph
+        if graphs is None:  # else the caller's views of the files it just wrote
+            graphs = {}
+            for i, speaker in enumerate(speakers_indexed):
+                path = folder / f"hnsw-{i}.usearch"
+                graph = _core.Graph.view(str(path), config.hnsw_expansion_search)  # BankFormatError if not one
+                if graph.dim != config.dim:
+                    raise BankFormatError(f"{path} is not a usearch index of dim {config.dim}")
+                graphs[speaker] = graph
     except FileNotFoundError:
         raise BankFormatError(f"{path} is missing: the bank is damaged") from None
     except (msgspec.DecodeError, ValueError, RuntimeError) as e:  # msgspec, numpy and usearch on bad bytes

@@ -24,7 +24,8 @@ from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.manifest import read_manifest, write_manifest
 from memr1.memory_store.records import BankConfig, Manifest
-from memr1.memory_store.segment import Previous, fsync_path, open_segment, write_segment
+from memr1.memory_store.segment import Previous, open_segment, write_segment
+from memr1.memory_store.segment_io import fsync_path
 
 SYNC = {"never": 0, "op": 1, "every_n": 2, "close": 3}  # the fsync policies' codes in the native OpLog
 _OPEN_TRIES = 100  # generations a reader may see replaced under it while opening before it gives up
@@ -61,23 +62,23 @@ def _remove(entry: Path) -> None:
 def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manifest:
     """Write base-<gen>/, an empty log-<gen>.oplog and the manifest that commits them. On failure (a
     full disk) nothing is committed and this call's files are removed, so the bank keeps its old state."""
-    manifest = prepare_generation(path, manifest, vectors, memories)
+    manifest, _ = prepare_generation(path, manifest, vectors, memories)
     commit_generation(path, manifest)
     return manifest
 
 
-def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None) -> Manifest:
+def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None) -> tuple:
     """Write base-<gen>/ and an empty log-<gen>.oplog, not committed yet; returns the manifest that
-    commits them (with the segment's files). `previous`: (the generation's manifest, its segment), whose
-    graphs the new ones are carried over from where they can be. On failure this call's files are
-    removed (BankIOError)."""
+    commits them (with the segment's files) and the segment's native graphs (for open_generation).
+    `previous`: (the generation's manifest, its segment), whose graphs the new ones are carried over
+    from where they can be. On failure this call's files are removed (BankIOError)."""
     gen = manifest.generation
     try:
         before = None
         if previous is not None and previous[0].speakers_indexed:
             old, segment = previous
             before = Previous(path / f"base-{old.generation}", old.speakers_indexed, segment)
-        speakers, files, orphans = write_segment(path / f"base-{gen}", vectors, memories, manifest.config, before)
+        speakers, files, orphans, graphs = write_segment(path / f"base-{gen}", vectors, memories, manifest.config, before)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)
@@ -87,7 +88,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
             raise
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
-    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans)
+    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans), graphs
 
 
 def commit_generation(path: Path, manifest: Manifest) -> None:
@@ -112,12 +113,15 @@ def discard_generation(path: Path, gen: int) -> None:
         _remove(leftover)
 
 
-def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool, memories=None) -> tuple:
+def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool, memories=None,
+                    graphs=None) -> tuple:
     """The manifest's generation: (segment, op log). `config` is the manifest's, or it with another fsync;
-    `memories`: the segment's rows when the caller just wrote them (not read back)."""
+    `memories` and `graphs`: the segment's rows and native graphs when the caller just wrote them (not
+    read back)."""
     gen = manifest.generation
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                           manifest.files if manifest.version >= 2 else None, memories, manifest.graph_orphans)
+                           manifest.files if manifest.version >= 2 else None, memories, manifest.graph_orphans,
+                           graphs)
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 

@@ -2,6 +2,8 @@
 searches go on against the old generation while the new one is built; the ops applied meanwhile are
 replayed onto it, so nothing is lost whether the bank commits, closes, compacts again, fails or exits;
 and the pieces it is built from (State.rebased, sliced reads, sliced encoding) equal the plain ones."""
+import errno
+import os
 import subprocess
 import sys
 import threading
@@ -13,7 +15,8 @@ import pytest
 from bank_model import ModelBank, assert_same, model_after, op_stream
 from memr1.memory_store import Add, BankError, Delete, InvalidInput, MemoryBank, Noop, Update, compaction
 from memr1.memory_store.records import FORMAT, VERSION, Manifest, Memory, apply_op
-from memr1.memory_store.segment import encode_memories, memory_segment, state_over
+from memr1.memory_store.segment import memory_segment, state_over
+from memr1.memory_store.segment_io import CarriedVectors, encode_memories, write_vectors
 
 DIM = 16
 QUERIES = np.random.default_rng(11).standard_normal((6, DIM)).astype(np.float32)
@@ -224,3 +227,36 @@ def test_sliced_encoding_and_reads_equal_the_plain_ones(n):
         assert compaction.live_rows(core)[0] == [Memory(*r) for r in whole]
         bank.apply(Add("after the snapshot", np.ones(DIM, np.float32), "A"))  # the rows are a snapshot
         assert rows.slice(0, n + 1) == whole and rows.vectors().shape == (n, DIM)
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_a_base_carried_over_equals_one_written_whole(tmp_path, monkeypatch, kernel_copy):
+    """A compaction on disk reuses the base's Memory objects for the rows it still holds and copies their
+    vectors file to file (CarriedVectors); the new base must equal one made from the live rows alone,
+    byte for byte, whether the kernel copies (copy_file_range) or a buffer does."""
+    if not kernel_copy:
+        def refused(*args):
+            raise OSError(errno.EXDEV, "cross-device")
+        monkeypatch.setattr(os, "copy_file_range", refused, raising=False)
+    ops = op_stream(13, 500)
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, auto_compact_ratio=0.0, fsync="never", hnsw_threshold=40)
+    for op in ops[:300]:
+        bank.apply(op)
+    bank.compact()  # a base of rows on disk, then updates, deletes and adds over it
+    for op in ops[300:]:
+        bank.apply(op)
+    snap = bank._core.fork()
+    plain, whole = compaction.live_rows(snap)
+    base_file = tmp_path / "b" / f"base-{bank._manifest.generation}" / "vectors.f32"
+    reused, carried = compaction.live_rows(snap, bank._segment, base_file)
+    assert reused == plain and isinstance(carried, CarriedVectors)
+    assert (carried.rows >= 0).sum() > 30 and (carried.rows < 0).sum() > 30  # both kinds of rows
+    assert all(m is bank._segment.memories[r] for m, r in zip(reused, carried.rows.tolist()) if r >= 0)
+    written = write_vectors(tmp_path / "carried.f32", carried, len(plain), DIM)
+    assert (tmp_path / "carried.f32").read_bytes() == whole.tobytes() and np.array_equal(written, whole)
+    bank.compact()
+    assert (tmp_path / "b" / f"base-{bank._manifest.generation}" / "vectors.f32").read_bytes() == whole.tobytes()
+    model = model_after(ops, len(ops))
+    assert_same(bank, model, QUERIES)
+    bank.close()
+    assert_same(MemoryBank.open(tmp_path / "b", "r"), model, QUERIES)

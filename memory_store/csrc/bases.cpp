@@ -10,8 +10,7 @@ namespace {
 void fill_norms(Base& base, int dim) {
   base.inv_norms.resize(static_cast<size_t>(base.n));
   for (Record* r : base.rows) {
-    double ss = 0;
-    for (int j = 0; j < dim; ++j) ss += double(r->vec[j]) * r->vec[j];
+    const double ss = sum_squares(r->vec, dim);
     r->inv_norm = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.f;
     base.inv_norms[static_cast<size_t>(r->base_row)] = r->inv_norm;
   }
@@ -63,14 +62,17 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
 
 // A base whose rows are copies of `recs` (a snapshot's live records, id order) over `vectors` (their
 // vectors, same order, already validated): what set_base(make_base(...)) builds from the segment's rows,
-// without turning each row into Python objects and back. Runs without the GIL: `recs` belong to a
-// snapshot the caller keeps alive, and the new records are visible to no other thread yet.
+// without turning each row into Python objects and back. Each row keeps its record's inverse norm, which
+// fill_norms would compute again from the same vector (sum_squares): so `vectors` (a new file's mapping)
+// is not read here. Runs without the GIL: `recs` belong to a snapshot the caller keeps alive, and the new
+// records are visible to no other thread yet.
 std::shared_ptr<Base> copy_base(const std::vector<const Record*>& recs, const float* vectors, int dim) {
   auto base = std::make_shared<Base>();
   base->n = static_cast<int64_t>(recs.size());
   base->vectors = vectors;
   base->rows.reserve(recs.size());
   base->speakers.reserve(recs.size());
+  base->inv_norms.reserve(recs.size());
   for (size_t i = 0; i < recs.size(); ++i) {
     const Record* src = recs[i];
     auto* r = new Record();
@@ -85,10 +87,11 @@ std::shared_ptr<Base> copy_base(const std::vector<const Record*>& recs, const fl
     r->updated = src->updated;
     r->base_row = static_cast<int64_t>(i);
     r->vec = vectors + i * dim;
+    r->inv_norm = src->inv_norm;
     base->rows.push_back(r);
     base->speakers.push_back(r->speaker);
+    base->inv_norms.push_back(r->inv_norm);
   }
-  fill_norms(*base, dim);
   return base;
 }
 }  // namespace memr1

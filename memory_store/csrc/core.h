@@ -74,6 +74,18 @@ struct Record {
   const float* vec = nullptr;      // into the base mapping, or into `own`
   std::unique_ptr<float[]> own;
 };
+// The squared norm every record's inv_norm comes from (1 / sqrt of it, as a float), whether its
+// vector came in an op or from a segment, so a row scores the same in every base it is copied to.
+// Eight running sums: independent, so the loop vectorises.
+inline double sum_squares(const float* v, int dim) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= dim; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += double(v[i + j]) * v[i + j];
+  for (; i < dim; ++i) part[0] += double(v[i]) * v[i];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 inline void retain(Record* r) { if (r) ++r->rc; }
 inline void release(Record* r) { if (r && --r->rc == 0) delete r; }
 

@@ -161,14 +161,43 @@ PYBIND11_MODULE(_core, m) {
         for (int64_t i = std::max<int64_t>(start, 0); i < stop; ++i) out.append(record_tuple(l.recs[static_cast<size_t>(i)]));
         return out;
       }, py::arg("start"), py::arg("stop"))
-      .def("vectors", [](const LiveRows& l) {  // [n, dim] float32 in id order
+      .def("tuples", [](const LiveRows& l, py::array_t<int64_t, py::array::c_style | py::array::forcecast> at) {
+        py::list out;  // the rows at positions `at`, as slice() gives them
+        for (py::ssize_t i = 0; i < at.size(); ++i) {
+          const int64_t r = at.data()[i];
+          if (r < 0 || r >= static_cast<int64_t>(l.recs.size())) throw BadInput("tuples: row out of range");
+          out.append(record_tuple(l.recs[static_cast<size_t>(r)]));
+        }
+        return out;
+      }, py::arg("at"))
+      // [n, dim] float32 in id order; with `rows` (int64 positions), only those rows, in that order.
+      .def("vectors", [](const LiveRows& l, py::object rows) {
         const int dim = l.snap.dim();
-        py::array_t<float> out({static_cast<py::ssize_t>(l.recs.size()), static_cast<py::ssize_t>(dim)});
+        std::vector<const Record*> some;
+        if (!rows.is_none()) {
+          auto at = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+          if (!at) throw py::error_already_set();
+          for (py::ssize_t i = 0; i < at.size(); ++i) {
+            const int64_t r = at.data()[i];
+            if (r < 0 || r >= static_cast<int64_t>(l.recs.size())) throw BadInput("vectors: row out of range");
+            some.push_back(l.recs[static_cast<size_t>(r)]);
+          }
+        }
+        const auto& recs = rows.is_none() ? l.recs : some;
+        py::array_t<float> out({static_cast<py::ssize_t>(recs.size()), static_cast<py::ssize_t>(dim)});
         float* p = out.mutable_data();
         {
           py::gil_scoped_release nogil;  // `out` is not visible to any other thread yet
-          for (size_t i = 0; i < l.recs.size(); ++i) std::memcpy(p + i * dim, l.recs[i]->vec, sizeof(float) * dim);
+          for (size_t i = 0; i < recs.size(); ++i) std::memcpy(p + i * dim, recs[i]->vec, sizeof(float) * dim);
         }
+        return out;
+      }, py::arg("rows") = py::none())
+      // Each row's row in the snapshot's base segment, or -1 for a row of the delta (int64, id order):
+      // where a compaction can copy a row's vector from the base's file instead of from memory.
+      .def("base_rows", [](const LiveRows& l) {
+        py::array_t<int64_t> out(static_cast<py::ssize_t>(l.recs.size()));
+        int64_t* p = out.mutable_data();
+        for (size_t i = 0; i < l.recs.size(); ++i) p[i] = l.recs[i]->base_row;
         return out;
       });
 

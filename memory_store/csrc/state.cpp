@@ -108,16 +108,11 @@ void Trie::set(uint64_t i, Record* r) {
 
 // ---- validation ----
 void State::validate_vector(const float* v, int dim, float* inv_norm, bool bounded) {
-  // Eight running sums (independent, so the loop vectorises); a float squared in double never
-  // overflows, so the total is finite exactly when every value is, and only then is the loop skipped.
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= dim; i += 8)
-    for (int j = 0; j < 8; ++j) part[j] += double(v[i + j]) * v[i + j];
-  for (; i < dim; ++i) part[0] += double(v[i]) * v[i];
-  const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  // A float squared in double never overflows, so the total is finite exactly when every value is,
+  // and only then is the loop skipped.
+  const double ss = sum_squares(v, dim);
   if (!std::isfinite(ss))
-    for (i = 0; i < dim; ++i)
+    for (int i = 0; i < dim; ++i)
       if (!std::isfinite(v[i]))
         throw BadInput("vector has a non-finite value (" + std::to_string(v[i]) + ") at index " + std::to_string(i));
   if (ss == 0) throw BadInput("vector is all zeros; cosine similarity is undefined for it");
