@@ -16,8 +16,9 @@ are read and encoded a slice at a time, and the native state is rebuilt without 
 
 What a build costs beyond the changed rows: a row the old base still holds keeps its Memory object,
 its vector is copied from the old base's file to the new one in the kernel (CarriedVectors), its
-norm is carried (State.rebased), and its graph node is carried over (graph.py); the files are still
-written, checksummed and synced whole, the vectors' while the graphs are built.
+norm is carried (State.rebased, which still touches each page of the new mapping once), and its
+graph node is carried over (graph.py); the files are still written, checksummed and synced whole,
+the vectors' while the graphs are built.
 """
 import threading
 import time
