@@ -165,9 +165,8 @@ class MemoryBank:
             return results
 
     def _sink(self):
-        """Where an op's record goes: the op log, and a background compaction's recorder while one runs."""
-        job = self._job
-        return job.recorder if job is not None and not job.committed else self._log
+        """Where an op's record goes: the op log, or a background compaction's recorder until it commits."""
+        return self._job.recorder if self._job is not None and not self._job.committed else self._log
 
     def wait_for_compaction(self) -> None:
         """Return once no background compaction of this bank is in flight (each has committed or failed;
@@ -225,18 +224,17 @@ class MemoryBank:
         return MemoryBank(core.fork(), self.config, segment)
 
     def compact(self) -> None:
-        """Fold the delta into a new base (the one O(n) step) now; a background compaction in flight
-        finishes first. Ids stay the same. Searches running in other threads meanwhile see the old
-        state; the new one replaces it whole."""
-        gen = None
-        while gen is None:
+        """Fold the delta into a new base (the one O(n) step) now, after any background compaction in flight.
+        Ids stay the same; searches in other threads meanwhile see the old state, and the new one whole."""
+        while True:
             self.wait_for_compaction()
             with self._write:
                 if self._job is None:  # else another thread's op started one meanwhile
                     self._check_writable()
                     gen = compaction.build(self._core.fork(), self.config, self.path, self._manifest, self._segment)
                     old = compaction.commit(self, gen)
-        old = None  # noqa: F841 - the old generation released outside the lock
+                    break
+        del old  # the old generation, released outside the lock
         compaction.finished(self, gen)
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":

@@ -64,8 +64,8 @@ std::shared_ptr<Base> make_base(py::array vectors, py::list rows, int dim) {
 // vectors, same order, already validated): what set_base(make_base(...)) builds from the segment's rows,
 // without turning each row into Python objects and back. Each row keeps its record's inverse norm, which
 // fill_norms would compute again from the same vector (sum_squares), so `vectors` (a new file's mapping)
-// is only touched, a byte a page. Runs without the GIL: `recs` belong to a snapshot the caller keeps alive, and the new
-// records are visible to no other thread yet.
+// is only touched, a byte a page. Runs without the GIL: `recs` belong to a snapshot the caller keeps
+// alive, and the new records are visible to no other thread yet.
 std::shared_ptr<Base> copy_base(const std::vector<const Record*>& recs, const float* vectors, int dim) {
   auto base = std::make_shared<Base>();
   base->n = static_cast<int64_t>(recs.size());

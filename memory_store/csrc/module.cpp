@@ -48,6 +48,20 @@ struct LiveRows {
   std::vector<const Record*> recs;
 };
 
+// The records at positions `at` (int64) of `l`, in that order; BadInput names `what` when one is out of range.
+std::vector<const Record*> records_at(const LiveRows& l, py::handle at, const char* what) {
+  auto rows = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(at);
+  if (!rows) throw py::error_already_set();
+  std::vector<const Record*> out;
+  out.reserve(static_cast<size_t>(rows.size()));
+  for (py::ssize_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = rows.data()[i];
+    if (r < 0 || r >= static_cast<int64_t>(l.recs.size())) throw BadInput(std::string(what) + ": row out of range");
+    out.push_back(l.recs[static_cast<size_t>(r)]);
+  }
+  return out;
+}
+
 // A graph may also return its orphans (rows a search for their own vector missed, scored besides the
 // graph's candidates): each row is scored once.
 void unique_rows(std::vector<int64_t>& rows) {
@@ -161,28 +175,15 @@ PYBIND11_MODULE(_core, m) {
         for (int64_t i = std::max<int64_t>(start, 0); i < stop; ++i) out.append(record_tuple(l.recs[static_cast<size_t>(i)]));
         return out;
       }, py::arg("start"), py::arg("stop"))
-      .def("tuples", [](const LiveRows& l, py::array_t<int64_t, py::array::c_style | py::array::forcecast> at) {
-        py::list out;  // the rows at positions `at`, as slice() gives them
-        for (py::ssize_t i = 0; i < at.size(); ++i) {
-          const int64_t r = at.data()[i];
-          if (r < 0 || r >= static_cast<int64_t>(l.recs.size())) throw BadInput("tuples: row out of range");
-          out.append(record_tuple(l.recs[static_cast<size_t>(r)]));
-        }
+      .def("tuples", [](const LiveRows& l, py::handle at) {  // the rows at positions `at`, as slice() gives them
+        py::list out;
+        for (const Record* r : records_at(l, at, "tuples")) out.append(record_tuple(r));
         return out;
       }, py::arg("at"))
       // [n, dim] float32 in id order; with `rows` (int64 positions), only those rows, in that order.
       .def("vectors", [](const LiveRows& l, py::object rows) {
         const int dim = l.snap.dim();
-        std::vector<const Record*> some;
-        if (!rows.is_none()) {
-          auto at = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
-          if (!at) throw py::error_already_set();
-          for (py::ssize_t i = 0; i < at.size(); ++i) {
-            const int64_t r = at.data()[i];
-            if (r < 0 || r >= static_cast<int64_t>(l.recs.size())) throw BadInput("vectors: row out of range");
-            some.push_back(l.recs[static_cast<size_t>(r)]);
-          }
-        }
+        const std::vector<const Record*> some = rows.is_none() ? std::vector<const Record*>() : records_at(l, rows, "vectors");
         const auto& recs = rows.is_none() ? l.recs : some;
         py::array_t<float> out({static_cast<py::ssize_t>(recs.size()), static_cast<py::ssize_t>(dim)});
         float* p = out.mutable_data();
