@@ -41,7 +41,7 @@ from memr1.engine.observe import quiet
 from memr1.engine.observe.runlog import RunLog
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.training.learner import Learner
-from memr1.engine.validation import hand_on, phase_bounds, validator
+from memr1.engine.validation import hand_on, phase_bounds, validates, validator
 from memr1.rl.data.locomo import DataError
 from memr1.rl.generation import GREEDY
 
@@ -130,7 +130,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
             prune(stage_dir, cfg.checkpoint.keep_last, step)
 
     bounds, validate = phase_bounds(run, name), None
-    if cfg.loop.validate_every and not stage_name(name).supervised:
+    if validates(cfg, name):
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
                              policy, stage_dir, save, bounds)
     profiler = None
@@ -159,9 +159,15 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
 
 
 def check_train_data(cfg: RunConfig) -> None:
-    """Stop a run whose data has nothing to train on, before any engine starts."""
+    """Stop a run whose data has nothing to train on, or nothing to validate on when a stage validates,
+    before any engine starts."""
     from memr1.rl.data import detect_format, load_conversations
 
+    validating = [name for name in cfg.stages if validates(cfg, name)]
+    if validating and not load_conversations(cfg.data.path or None, cfg.data.n, split="val"):
+        where = f"data.path={cfg.data.path}" if cfg.data.path else f"the synthetic set at data.n={cfg.data.n}"
+        raise DataError(f"loop.validate_every={cfg.loop.validate_every}: {', '.join(validating)} would validate on the "
+                        f"val split, and {where} has no val conversation; set loop.validate_every=0 or give it one")
     if not cfg.data.path or load_conversations(cfg.data.path, split="train"):
         return   # the synthetic set always has train conversations (index 0 is one)
     why = {"longmemeval": "it is a LongMemEval file, an evaluation set (all its items are in split test)",
@@ -201,7 +207,7 @@ def train(cfg: RunConfig) -> dict:
     policy = make_generator(cfg.generator, cfg.seed)
     swap = WeightSwap(make_generator(cfg.generator, cfg.seed), loaded=run.base_model)
     items = RunItems(run, embedder, swap, "train")
-    val_items = RunItems(run, embedder, swap, "val") if cfg.loop.validate_every else None
+    val_items = RunItems(run, embedder, swap, "val") if any(validates(cfg, n) for n in cfg.stages) else None
     say(f"{len(items.convs)} train conversations" + (f", {world} data-parallel ranks" if world > 1 else ""))
     latest: dict[str, Path] = {}   # role -> the checkpoint its newest stage handed on
     finals, stopped, stop_signal = {}, None, None

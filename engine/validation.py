@@ -1,11 +1,11 @@
 """Validation during a stage, and the session curriculum that hands its best checkpoints on.
 
-A stage with `loop.validate_every` scores the val split greedily every N steps; each new best is
-checkpointed and named in `<stage>/best.json`, and the stage hands that checkpoint on. The session
-curriculum of an episode stage (rl/episodes.py, `episode.curriculum`): the stage's steps
-run phase by phase, and each phase after the first starts from the previous phase's best-validation
-checkpoint (when the stage validates) once that checkpoint passes the promotion gate on the
-evidence-miss rate. Other stages are one phase of all their steps.
+An RL stage with `loop.validate_every` (and in `loop.validate_stages`, unless that is empty) scores the
+val split greedily every N steps; each new best is checkpointed and named in `<stage>/best.json`, and
+the stage hands that checkpoint on. The session curriculum of an episode stage (rl/episodes.py,
+`episode.curriculum`): the stage's steps run phase by phase, and each phase after the first starts
+from the previous phase's best-validation checkpoint (when the stage validates) once that checkpoint
+passes the promotion gate on the evidence-miss rate. Other stages are one phase of all their steps.
 """
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ from pathlib import Path
 from memr1.engine.config.stages import stage_name
 from memr1.engine.generation.weights import push_weights
 from memr1.engine.training.dist import reduce_metrics
+
+
+def validates(cfg, name: str) -> bool:
+    """Whether stage `name` validates: loop.validate_every is set, the stage learns from a reward, and
+    loop.validate_stages is empty or names it."""
+    return bool(cfg.loop.validate_every) and not stage_name(name).supervised and \
+        (not cfg.loop.validate_stages or name in cfg.loop.validate_stages)
 
 
 def phase_bounds(run, name: str) -> list[tuple[int, int]]:
@@ -32,7 +39,7 @@ def hand_on(run, stage_dir: Path, phase: int, begin: int, learner, policy, say=p
     """Before phase `phase` starts at step `begin`: load the previous phase's best-validation checkpoint
     into the learner and the policy engine. False (stop the stage) when that checkpoint fails the gate."""
     best_file = stage_dir / "best.json"
-    if not run.cfg.loop.validate_every or not best_file.is_file():
+    if not validates(run.cfg, stage_dir.name) or not best_file.is_file():
         return True   # no validation: the phase goes on from the weights the last one ended with
     best = json.loads(best_file.read_text())
     if best.get("phase") != phase - 1:

@@ -210,6 +210,20 @@ def test_stage_names_parse_once_into_role_and_kind():
         load_config(None, ['stages=["manager", "manager_control"]'])
 
 
+def test_validate_stages_picks_the_rl_stages_that_validate():
+    from memr1.engine.validation import validates
+    stages = 'stages=["answer_warm", "answer", "manager_warm", "manager_episode"]'
+    every = load_config(None, [stages, "loop.validate_every=5"])
+    assert [validates(every, s) for s in every.stages] == [False, True, False, True]
+    some = load_config(None, [stages, "loop.validate_every=5", 'loop.validate_stages=["manager_episode"]'])
+    assert [validates(some, s) for s in some.stages] == [False, False, False, True]
+    off = load_config(None, [stages, 'loop.validate_stages=["manager_episode"]'])
+    assert not any(validates(off, s) for s in off.stages)
+    for bad in ('["manager_warm"]', '["manager"]'):   # supervised; not a stage of this run
+        with pytest.raises(ConfigError, match=r"loop\.validate_stages: \['manager.*'\] is not an RL stage of this run"):
+            load_config(None, [stages, f"loop.validate_stages={bad}"])
+
+
 def test_a_control_takes_the_rl_stage_s_prompts_and_its_own_lr_or_the_warm_start_s():
     from memr1.engine.config.stages import stage_config
     stages = 'stages=["manager_warm", "manager", "manager_control"]'

@@ -11,6 +11,7 @@ from memr1.engine.config.plan import plan_text
 from memr1.engine.config.resolve import budget_warnings
 from memr1.engine.config.run import load_config
 from memr1.engine.train import train
+from memr1.rl.data.locomo import DataError
 from run_helpers import overrides, rows
 
 
@@ -148,6 +149,19 @@ def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(tiny_mo
     assert best["metric"] == "reward_em" and best["score"] == max(r["val_reward_em"] for r in val)
     first_best = min(r["step"] for r in val if r["val_reward_em"] == best["score"])
     assert best["step"] == first_best and final_checkpoint(run / "answer").name == f"step_{first_best}"
+
+
+@pytest.mark.slow
+def test_only_the_stages_named_in_validate_stages_validate(tiny_model, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match=r"^loop.validate_every=1: manager, answer would validate on the val split, and the "
+                                        r"synthetic set at data.n=3 has no val conversation"):
+        train(load_config(None, overrides(tiny_model, run, 1) + ["loop.validate_every=1"]))
+    train(load_config(None, overrides(tiny_model, run, 1) + ["loop.validate_every=1", 'loop.validate_stages=["answer"]',
+                                                             "data.n=20"]))
+    validated = {r["stage"] for r in rows(run) if "val_reward_em" in r}
+    assert validated == {"answer"} and {r["stage"] for r in rows(run)} == {"manager", "answer"}
+    assert (run / "answer" / "best.json").is_file() and not (run / "manager" / "best.json").exists()
 
 
 def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(tiny_model, tmp_path):

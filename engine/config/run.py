@@ -63,6 +63,8 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
     checkpoint_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
     validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
+    # The RL stages that validate (each then hands on its best-validation checkpoint); empty: every one.
+    validate_stages: list[str] = []
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -229,6 +231,10 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
         warm = stage_name(name).of("warm")
         if stage_name(name).kind == "control" and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
             raise ConfigError(f"{where}: stages: {name} continues {warm}'s checkpoint; list {warm} before it")
+    bad = [n for n in cfg.loop.validate_stages if n not in cfg.stages or stage_name(n).supervised]
+    if bad:
+        raise ConfigError(f"{at('loop.validate_stages')}: loop.validate_stages: {bad} is not an RL stage of this run "
+                          f"(stages: {', '.join(cfg.stages)}); supervised stages never validate")
     bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control")]
     if bad:
         raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm', 'trained' and/or 'control'")
