@@ -142,8 +142,9 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
         for phase, (begin, end) in enumerate(bounds):   # one phase unless an episode curriculum
             if start >= end:
                 continue
-            if phase and start == begin and not hand_on(run, stage_dir, phase, begin, learner, policy,
-                                                         print if run.rank == 0 else lambda *a: None):
+            handing_on = phase and start == begin and validate is not None   # the previous phase's best
+            if handing_on and not hand_on(run, stage_dir, phase, begin, learner, policy,
+                                          print if run.rank == 0 else lambda *a: None):
                 break
             out = Loop(stage, policy, learner, cfg.loop, end, on_step=log or (lambda m: None), save_checkpoint=save,
                        validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,

@@ -36,11 +36,12 @@ def phase_of(bounds: list[tuple[int, int]], step: int) -> int:
 
 
 def hand_on(run, stage_dir: Path, phase: int, begin: int, learner, policy, say=print) -> bool:
-    """Before phase `phase` starts at step `begin`: load the previous phase's best-validation checkpoint
-    into the learner and the policy engine. False (stop the stage) when that checkpoint fails the gate."""
+    """Before phase `phase` of a validating stage starts at step `begin`: load the previous phase's
+    best-validation checkpoint into the learner and the policy engine. False (stop the stage) when that
+    checkpoint fails the gate."""
     best_file = stage_dir / "best.json"
-    if not validates(run.cfg, stage_dir.name) or not best_file.is_file():
-        return True   # no validation: the phase goes on from the weights the last one ended with
+    if not best_file.is_file():
+        return True   # no validation yet: the phase goes on from the weights the last one ended with
     best = json.loads(best_file.read_text())
     if best.get("phase") != phase - 1:
         return True

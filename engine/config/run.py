@@ -63,8 +63,7 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # kill -9 loses at most this many steps; checkpoint.keep_last bounds the disk they take.
     checkpoint_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
     validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
-    # The RL stages that validate (each then hands on its best-validation checkpoint); empty: every one.
-    validate_stages: list[str] = []
+    validate_stages: list[str] = []   # the RL stages that validate (each hands on its best checkpoint); empty: every one
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
