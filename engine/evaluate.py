@@ -18,7 +18,8 @@ from memr1.engine.config.caches import cache_dirs, model_identity
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.judge import make_judge
 from memr1.engine.config.resolve import Resolved, resolve
-from memr1.engine.config.run import dump_toml, load_config, make_embedder, make_run_dir
+from memr1.engine.config.run import load_config, make_embedder, make_run_dir
+from memr1.engine.config.toml_out import dump_toml
 from memr1.engine.observe import quiet
 
 ROLES = ("extract", "manager", "answer", "judge")

@@ -32,8 +32,9 @@ from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.judge import make_judge
 from memr1.engine.config.plan import plan_text
 from memr1.engine.config.resolve import Resolved, budget_warnings, env_world, resolve
-from memr1.engine.config.run import RunConfig, dump_toml, load_config, make_embedder, make_run_dir
+from memr1.engine.config.run import RunConfig, load_config, make_embedder, make_run_dir
 from memr1.engine.config.stages import stage_name
+from memr1.engine.config.toml_out import dump_toml
 from memr1.engine.generation import make_generator
 from memr1.engine.generation.weights import push_weights
 from memr1.engine.loop import Loop, alone
@@ -146,6 +147,12 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
             if handing_on and not hand_on(run, stage_dir, phase, begin, learner, policy,
                                           print if run.rank == 0 else lambda *a: None):
                 break
+            if start == begin and validate is not None and cfg.loop.validate_start:
+                t0 = time.perf_counter()
+                val = validate(begin, phase)
+                if log is not None:
+                    log({"step": begin, "stage": name, "phase_start": True, **val,
+                         "val_s": time.perf_counter() - t0}, advance=False)
             out = Loop(stage, policy, learner, cfg.loop, end, on_step=log or (lambda m: None), save_checkpoint=save,
                        validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
                        profiler=profiler).run(start)

@@ -63,14 +63,15 @@ def validator(run, val_stage, policy, stage_dir: Path, save, bounds: list[tuple[
     key = f"reward_{run.cfg.reward.kind}"
     best = json.loads((stage_dir / "best.json").read_text()) if (stage_dir / "best.json").is_file() else None
 
-    def validate(step: int) -> dict:
+    def validate(step: int, phase: int | None = None) -> dict:
+        """Score the weights of `step` (`phase`: the phase they start, for a phase's starting weights)."""
         nonlocal best
-        metrics = val_stage.rollout(step - 1, policy).metrics   # the step's items; an episode stage's phase
+        phase = phase_of(bounds, step) if phase is None else phase   # a later phase scores longer windows:
+        metrics = val_stage.rollout(max(step - 1, bounds[phase][0]), policy).metrics   # its scores start afresh
         if run.world > 1:
             metrics = reduce_metrics(metrics, run.world)
         out = {f"val_{k}": metrics[k] for k in ("reward_mean", key, "em_mean", "f1_mean", "parse_failure_rate",
                                                  "evidence_miss") if k in metrics}
-        phase = phase_of(bounds, step)   # a later phase scores longer windows: its scores start afresh
         if best is None or best.get("phase", 0) != phase or out[f"val_{key}"] > best["score"]:
             save(step)
             best = {"step": step, "score": out[f"val_{key}"], "metric": key, "phase": phase,

@@ -72,8 +72,9 @@ class EpisodeStage:
         pool = self.items_for(phase.sessions)
         items = pool[self.rank::self.world] if self.validation else \
             step_items(pool, step, self.cfg.prompts_per_step, self.rank, self.world)
-        # an item's draws depend on the step and the item alone: the same on a resume and at any world size
-        rngs = [random.Random(f"{self.seed}:{step}:{it.source}") for it in items]
+        # an item's draws depend on the step and the item alone: the same on a resume and at any world size;
+        # validation draws the same questions at every step, so its scores compare
+        rngs = [random.Random(f"{self.seed}:{'val' if self.validation else step}:{it.source}") for it in items]
         episodes = [[Lane(i, "global", MemoryBank.create(None, dim=self.embedder.dim)) for _ in range(G)]
                     for i in range(len(items))]
         samples = [global_sample(it, ep.global_questions, rng) for it, rng in zip(items, rngs)]

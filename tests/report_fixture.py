@@ -6,7 +6,8 @@ import random
 import sys
 from pathlib import Path
 
-from memr1.engine.config.run import dump_toml, load_config
+from memr1.engine.config.run import load_config
+from memr1.engine.config.toml_out import dump_toml
 from memr1.rl.eval_report import aggregate, percentiles
 
 CATEGORIES = (1, 2, 3, 4)   # LoCoMo's numbering; rl/data/locomo.py names them

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from memr1.engine.config.errors import ConfigError
-from memr1.engine.config.run import RunConfig, dump_toml, load_config
+from memr1.engine.config.run import RunConfig, load_config
+from memr1.engine.config.toml_out import dump_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -222,6 +223,8 @@ def test_validate_stages_picks_the_rl_stages_that_validate():
     for bad in ('["manager_warm"]', '["manager"]'):   # supervised; not a stage of this run
         with pytest.raises(ConfigError, match=r"loop\.validate_stages: \['manager.*'\] is not an RL stage of this run"):
             load_config(None, [stages, f"loop.validate_stages={bad}"])
+    with pytest.raises(ConfigError, match=r"loop\.validate_start .*set loop\.validate_every too"):
+        load_config(None, [stages, "loop.validate_start=true"])   # nothing would use the start's score
 
 
 def test_a_control_takes_the_rl_stage_s_prompts_and_its_own_lr_or_the_warm_start_s():

@@ -1,5 +1,5 @@
 """The run config: one msgspec Struct composed of the component configs, read from TOML with dotted
-`key=value` overrides, and written back as TOML into the run dir.
+`key=value` overrides, and written back as TOML into the run dir (toml_out.py).
 
 Each component keeps its config next to its code, in a module that imports no torch (GeneratorConfig
 in engine/generation/config.py, LearnerConfig in engine/training/config.py, ManagerConfig in
@@ -8,7 +8,6 @@ composes them, with the run-level settings that belong to no component folder (d
 sampling, the loop). Unknown keys are errors at every depth, with the dotted key and the file named, so
 a typo never silently falls back to a default.
 """
-import math
 import re
 import tempfile
 import tomllib
@@ -64,6 +63,9 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoint_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
     validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
     validate_stages: list[str] = []   # the RL stages that validate (each hands on its best checkpoint); empty: every one
+    # Also score each phase's starting weights before its first step (verl's val_before_train), so a
+    # phase none of whose checkpoints beats where it began hands its start on; one more validation a phase.
+    validate_start: bool = False
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -234,6 +236,9 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     if bad:
         raise ConfigError(f"{at('loop.validate_stages')}: loop.validate_stages: {bad} is not an RL stage of this run "
                           f"(stages: {', '.join(cfg.stages)}); supervised stages never validate")
+    if cfg.loop.validate_start and not cfg.loop.validate_every:
+        raise ConfigError(f"{at('loop.validate_start')}: loop.validate_start scores each phase's start for "
+                          f"loop.validate_every's choice of checkpoint; set loop.validate_every too")
     bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control")]
     if bad:
         raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm', 'trained' and/or 'control'")
@@ -250,52 +255,3 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
                               f"reply per prompt")
     if cfg.reward.kind == "judge" and cfg.judge.kind == "off":
         raise ConfigError(f"{where}: reward.kind = 'judge' needs judge.kind = 'local' or 'openai'")
-
-
-# ---- writing ----
-def dump_toml(cfg: msgspec.Struct) -> str:
-    """The resolved config as TOML (None values are left out: TOML has no null, and absent = None)."""
-    lines: list[str] = []
-    _emit_table(msgspec.to_builtins(cfg), [], lines)
-    return "\n".join(lines).strip() + "\n"
-
-
-def _emit_table(table: dict, path: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
-    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
-    if path:
-        lines.append("")
-        lines.append("[" + ".".join(_key(p) for p in path) + "]")
-    lines.extend(f"{_key(k)} = {_value(v)}" for k, v in scalars.items())
-    for k, v in tables.items():
-        _emit_table(v, path + [k], lines)
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _string(k)
-
-
-def _string(s: str) -> str:
-    out = s.replace("\\", "\\\\").replace('"', '\\"')
-    out = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04x}", out)
-    return f'"{out}"'
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return _string(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
-    raise TypeError(f"dump_toml: cannot write {type(v).__name__} value {v!r}")

@@ -29,17 +29,20 @@ class ReportError(ValueError):
 
 
 def by_stage(rows: list[dict], order: list[str]) -> dict[str, dict]:
-    """stage -> {"rows": trained steps (a resumed step's last row wins), "skipped": failed steps}."""
+    """stage -> {"rows": trained steps (a resumed step's last row wins), "skipped": failed steps,
+    "starts": the validations of a phase's starting weights (loop.validate_start)}."""
     out: dict[str, dict] = {}
     for r in rows:
-        s = out.setdefault(r["stage"], {"steps": {}, "skipped": 0})
+        s = out.setdefault(r["stage"], {"steps": {}, "skipped": 0, "starts": {}})
         if r.get("skipped"):
             s["skipped"] += 1
+        elif r.get("phase_start"):
+            s["starts"][r["step"]] = r
         else:
             s["steps"][r["step"]] = r
     names = [n for n in order if n in out] + [n for n in out if n not in order]
-    return {n: {"rows": [out[n]["steps"][k] for k in sorted(out[n]["steps"])], "skipped": out[n]["skipped"]}
-            for n in names}
+    return {n: {"rows": [out[n]["steps"][k] for k in sorted(out[n]["steps"])], "skipped": out[n]["skipped"],
+                "starts": [out[n]["starts"][k] for k in sorted(out[n]["starts"])]} for n in names}
 
 
 def category_cells(report: dict, resamples: int) -> dict:
@@ -143,7 +146,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         keys = keys or [k for k in ("loss", "nll") if any(k in r for r in s["rows"])]
         if keys:
             f = f"curves_{name}.png"
-            figures.learning_curves(name, s["rows"], keys, out / f)
+            figures.learning_curves(name, s["starts"] + s["rows"], keys, out / f)   # starts: val dots only
             figs.append((f, f"{name}: {', '.join(keys)} per step, raw (faint) and smoothed; val_* as dots"))
         if any("ops_add" in r for r in s["rows"]):
             f = f"ops_{name}.png"

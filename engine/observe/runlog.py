@@ -24,7 +24,8 @@ class RunLog:
         self.tb = SummaryWriter(str(tb), purge_step=start + 1 if tb.is_dir() else None)
         self.bar = tqdm(total=total, initial=start, desc=f"train {stage}", unit="step", dynamic_ncols=True)
 
-    def __call__(self, m: dict) -> None:
+    def __call__(self, m: dict, advance: bool = True) -> None:
+        """Log one step's metrics (advance=False: a row that trained nothing, e.g. a phase's start validated)."""
         m = {k: (v.item() if hasattr(v, "item") else v) for k, v in m.items()}  # 0-d tensors -> numbers
         if "response_tokens" in m and m.get("step_s"):
             m["tokens_per_s"] = m["response_tokens"] / m["step_s"]
@@ -37,7 +38,7 @@ class RunLog:
                  "val_em": m.get("val_em_mean")}
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items() if isinstance(v, (int, float))} |
                              {"tok_s": f"{m.get('tokens_per_s', 0):.0f}"})
-        self.bar.update(1)
+        self.bar.update(1 if advance else 0)
 
     def close(self) -> None:
         self.bar.close()
