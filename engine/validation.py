@@ -74,10 +74,13 @@ def validator(run, val_stage, policy, stage_dir: Path, save, bounds: list[tuple[
             metrics = reduce_metrics(metrics, run.world)
         out = {f"val_{k}": metrics[k] for k in ("reward_mean", key, "em_mean", "f1_mean", "parse_failure_rate",
                                                  "evidence_miss") if k in metrics}
-        if best is None or best.get("phase", 0) != phase or out[f"val_{key}"] > best["score"]:
+        score, start = out[f"val_{key}"], step == bounds[phase][0]
+        # a later checkpoint replaces a tie of the phase's start (trained, not worse), not a trained tie
+        if best is None or best.get("phase", 0) != phase or score > best["score"] or \
+                (score == best["score"] and best.get("start") and not start):
             save(step)
-            best = {"step": step, "score": out[f"val_{key}"], "metric": key, "phase": phase,
-                    "evidence_miss": out.get("val_evidence_miss")}
+            best = {"step": step, "score": score, "metric": key, "phase": phase,
+                    "evidence_miss": out.get("val_evidence_miss"), "start": start}
             if run.rank == 0:
                 (stage_dir / "best.json").write_text(json.dumps(best))
         return out

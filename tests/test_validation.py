@@ -33,22 +33,24 @@ def best(tmp_path) -> dict:
 
 
 def test_a_phase_whose_steps_all_score_below_its_start_hands_its_start_on(tmp_path, monkeypatch):
-    run, validate, val, saved = make(tmp_path, [0.6, 0.5, 0.4, 0.3, 0.5])
+    run, validate, val, saved = make(tmp_path, [0.6, 0.5, 0.4, 0.3, 0.3, 0.3])
     validate(0, 0)                      # the warm start
     validate(5)
     validate(10)
-    assert best(tmp_path) == {"step": 0, "score": 0.6, "metric": "reward_em", "phase": 0, "evidence_miss": 0.0}
+    assert best(tmp_path) == {"step": 0, "score": 0.6, "metric": "reward_em", "phase": 0, "evidence_miss": 0.0,
+                              "start": True}
     loaded = []
     learner = SimpleNamespace(load_checkpoint=loaded.append, step=10, version=10)
     monkeypatch.setattr(validation, "push_weights", lambda *a: None)
     assert validation.hand_on(run, tmp_path, 1, 10, learner, None, say=lambda *a: None)
     assert loaded == [str(tmp_path / "checkpoints" / "step_0")]   # the phase's start, not its last step
     validate(10, 1)                     # phase 1's start (phase 0's best) on phase 1's windows
-    validate(15)                        # beats it: phase 1's own best
+    validate(15)                        # ties it: trained and no worse, so it replaces the start
+    validate(20)                        # ties step 15: the first trained checkpoint of a tie stays
     assert saved == [0, 10, 15]
-    assert best(tmp_path)["step"] == 15 and best(tmp_path)["phase"] == 1
+    assert best(tmp_path)["step"] == 15 and best(tmp_path)["phase"] == 1 and not best(tmp_path)["start"]
     # each validation scores its phase's windows: step s's weights on rollout s - 1, a phase's start on its first
-    assert val.steps == [0, 4, 9, 10, 14]
+    assert val.steps == [0, 4, 9, 10, 14, 19]
 
 
 def test_a_phase_start_row_is_a_val_point_not_a_trained_step():
