@@ -64,7 +64,7 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     validate_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # validate (greedy, on the val split) every n steps and at the end; 0: never
     validate_stages: list[str] = []   # the RL stages that validate (each hands on its best checkpoint); empty: every one
     # Also score each phase's starting weights before its first step (verl's val_before_train), so a
-    # phase none of whose checkpoints beats where it began hands its start on; one more validation a phase.
+    # phase whose checkpoints all score below where it began hands its start on; one more validation a phase.
     validate_start: bool = False
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
