@@ -143,11 +143,11 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
         for phase, (begin, end) in enumerate(bounds):   # one phase unless an episode curriculum
             if start >= end:
                 continue
-            handing_on = phase and start == begin and validate is not None   # the previous phase's best
-            if handing_on and not hand_on(run, stage_dir, phase, begin, learner, policy,
-                                          print if run.rank == 0 else lambda *a: None):
-                break
-            if start == begin and validate is not None and cfg.loop.validate_start:
+            fresh = start == begin and validate is not None   # a validating phase starts here (not resumed in it)
+            if fresh and phase and not hand_on(run, stage_dir, phase, begin, learner, policy,
+                                               print if run.rank == 0 else lambda *a: None):
+                break   # the previous phase's best failed the gate
+            if fresh and cfg.loop.validate_start:
                 t0 = time.perf_counter()
                 val = validate(begin, phase)
                 if log is not None:

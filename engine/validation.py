@@ -68,14 +68,16 @@ def validator(run, val_stage, policy, stage_dir: Path, save, bounds: list[tuple[
     def validate(step: int, phase: int | None = None) -> dict:
         """Score the weights of `step` (`phase`: the phase they start, for a phase's starting weights)."""
         nonlocal best
-        phase = phase_of(bounds, step) if phase is None else phase   # a later phase scores longer windows:
-        metrics = val_stage.rollout(max(step - 1, bounds[phase][0]), policy).metrics   # its scores start afresh
+        phase = phase_of(bounds, step) if phase is None else phase
+        # the rollout of the phase's windows: step s's weights score rollout s - 1, a phase's start its first
+        metrics = val_stage.rollout(max(step - 1, bounds[phase][0]), policy).metrics
         if run.world > 1:
             metrics = reduce_metrics(metrics, run.world)
         out = {f"val_{k}": metrics[k] for k in ("reward_mean", key, "em_mean", "f1_mean", "parse_failure_rate",
                                                  "evidence_miss") if k in metrics}
         score, start = out[f"val_{key}"], step == bounds[phase][0]
-        # a later checkpoint replaces a tie of the phase's start (trained, not worse), not a trained tie
+        # a later phase scores longer windows, so its scores start afresh; a trained checkpoint replaces
+        # a tie of the phase's start (trained and no worse), not a trained tie
         if best is None or best.get("phase", 0) != phase or score > best["score"] or \
                 (score == best["score"] and best.get("start") and not start):
             save(step)
