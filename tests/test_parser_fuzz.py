@@ -162,29 +162,17 @@ def test_parsers_never_raise_on_arbitrary_text(bank, text):
 
 
 # Megabyte inputs of the shapes that made regexes quadratic (long runs of newlines, braces, brackets,
-# quotes, repeated prefixes): each parser stays linear. Process CPU time, so a busy machine does not
-# fail it; a quadratic parser takes minutes here.
-HUGE = ["\n" * (1 << 20), "{" * (1 << 20), "[" * (1 << 20), '"' * (1 << 20), "Answer:" * 150_000,
-        '{"memory": [' + '{"id": "1", "event": "UPDATE", "text": "x"}, ' * 25_000, "- " * (1 << 19),
-        "a" * (1 << 20)]
-
-
-@pytest.mark.parametrize("text", HUGE, ids=["newlines", "braces", "brackets", "quotes", "answer-tags",
-                                            "many-ops", "dashes", "letters"])
-def test_a_megabyte_of_model_text_parses_in_under_half_a_second(bank, text):
-    import time
-    assert len(text) >= 1_000_000
-    for parse in (lambda t: parse_manager_output(t, N_SHOWN, CFG), parse_answer, parse_facts, parse_judge):
-        t0 = time.process_time()
-        parse(text)
-        assert time.process_time() - t0 < 0.5, parse
-
-
-# Adversarial families at a megabyte: fences (unclosed, with a tag, thousands of them), bullets, and a
-# long run of one character after a prefix, alone, before an "Answer:" line and after one. A parser
-# linear in its input takes milliseconds on each; a quadratic one takes seconds on the first 32,000
-# characters alone. The bound is a generous one on that linear-time property (process CPU time).
+# quotes, repeated prefixes), and adversarial families (fences: unclosed, with a tag, thousands of them;
+# bullets; a long run of one character after a prefix, alone, before an "Answer:" line and after one):
+# each parser stays linear. A linear parser takes milliseconds on each; a quadratic one takes seconds on
+# the first 32,000 characters alone and minutes on a megabyte. So the bound is a generous one on that
+# linear-time property, in process CPU time with the garbage collector off, so that neither a busy
+# machine nor a collection of the suite's heap during a parse can fail it.
 MB = 1 << 20
+HUGE = {"newlines": "\n" * MB, "braces": "{" * MB, "brackets": "[" * MB, "quotes": '"' * MB,
+        "answer-tags": "Answer:" * 150_000,
+        "many-ops": '{"memory": [' + '{"id": "1", "event": "UPDATE", "text": "x"}, ' * 25_000,
+        "dashes": "- " * (MB // 2), "letters": "a" * MB}
 PREFIXES = ["```", "```json\n", "- x", "1. x", "* ", "Answer:", "Relevant memories:\n", "{", '{"memory": ["', "'"]
 RUNS = [" ", "\n", "\t", "a", "1", "`", "{", '"', "\u3000"]
 FENCES_AND_BULLETS = {"fences": "```" * (MB // 3), "tagged-fences": "```json\n{```" * (MB // 12),
@@ -194,18 +182,30 @@ PARSERS = {"manager": lambda t: parse_manager_output(t, N_SHOWN, CFG), "answer":
            "facts": parse_facts, "judge": parse_judge}
 
 
-def check_parse_times(texts, bound: float = 0.5) -> float:
+def check_parse_times(texts, bound: float = 2.0) -> float:
     """The slowest parse of any of `texts`; fails at the first one over `bound` seconds."""
+    import gc
     import time
     worst = 0.0
-    for label, text in texts:
-        for name, parse in PARSERS.items():
-            t0 = time.process_time()
-            parse(text)
-            seconds = time.process_time() - t0
-            assert seconds < bound, f"{name} on {label}: {seconds:.2f} s"
-            worst = max(worst, seconds)
+    gc.collect()
+    gc.disable()
+    try:
+        for label, text in texts:
+            assert len(text) >= 1_000_000, label
+            for name, parse in PARSERS.items():
+                t0 = time.process_time()
+                parse(text)
+                seconds = time.process_time() - t0
+                assert seconds < bound, f"{name} on {label}: {seconds:.2f} s"
+                worst = max(worst, seconds)
+    finally:
+        gc.enable()
     return worst
+
+
+@pytest.mark.parametrize("label", HUGE)
+def test_a_megabyte_of_model_text_parses_in_linear_time(label):
+    check_parse_times([(label, HUGE[label])])
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)
