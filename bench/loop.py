@@ -53,16 +53,19 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     from memr1.rl.stages import AnswerStage, StageConfig
     from memr1.rl.turns import Task
 
-    prompts, new_tokens = (4, 24) if quick else (8, 32)
+    # quick is a smoke run of the bench: fewer memories shorten its prompts, which TRL's full-vocabulary
+    # logits over every position make the bulk of bench.e2e's quick time
+    prompts, new_tokens, memories = (4, 24, 3) if quick else (8, 32, 10)
     model = random_llama(folder, layers=4, hidden=256, heads=8, kv_heads=4, ffn_mult=4)
     convs, embedder = load_conversations(None, n=10, split="train"), HashEmbedder(64)
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
-    answer = AnswerConfig(top_k_per_speaker=10, max_new_tokens=new_tokens)
+    answer = AnswerConfig(top_k_per_speaker=memories, max_new_tokens=new_tokens)
     stage = AnswerStage(items, embedder, StageConfig(prompts_per_step=prompts, group_size=4), SamplingConfig(),
                         Task(answer=answer), RewardConfig())
     settings = {"backend": "hf", "stage": "answer", "prompts_per_step": prompts, "group_size": 4,
-                "max_new_tokens": new_tokens, "lr": 1e-5, "learner": "LearnerConfig() defaults"}
+                "max_new_tokens": new_tokens, "top_k_per_speaker": memories, "lr": 1e-5,
+                "learner": "LearnerConfig() defaults"}
     return Setup("tiny-random", stage, gen, lambda: Learner(LearnerConfig(), str(model), lr=1e-5), settings)
 
 
