@@ -30,8 +30,8 @@ import numpy as np
 
 from memr1.bench.common import headline_entry, print_table, write_json
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
-from memr1.bench.memory_phases import (Scenario, compaction_cost, cycle_threshold, dirty_sweep_rows, kind_ops,
-                                      phase_rows)
+from memr1.bench.memory_phases import (Scenario, compaction_cost, compaction_mark, cycle_threshold, dirty_sweep_rows,
+                                      kind_ops, phase_rows)
 from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
 from memr1.bench.memory_scale import scale_rows
 from memr1.memory_store import BankConfig, MemoryBank
@@ -63,7 +63,7 @@ def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
         seq = kind_ops(kind, n, live[::-1] if kind == DELETE else live, scn.pool)  # deletes from the end
         plan = {impl: [as_memr1(op) for op in seq] if impl == "memr1" else seq for impl in counts}
         fns = {i: (lambda j, obj=scn.impls[i], ops=plan[i]: obj.apply(ops[j])) for i in counts}
-        before = (bank.compactions, bank.compaction_seconds)
+        before = compaction_mark(bank)
         samples = alternate(fns, counts, rounds)
         limits = {"auto_compact_at": bank.auto_compact_at, "auto_compact_dead_at": bank.auto_compact_dead_at}
         extra = {"memr1": {**limits, **compaction_cost(bank, before)},
@@ -101,6 +101,14 @@ def where(r: dict) -> str:
     return "background" if r["background"] else "in-op"
 
 
+def graph_part(r: dict) -> str:
+    """The graphs' share of a row's compactions (compaction_cost): the part that grows with the rows folded."""
+    if not r.get("graph_rows"):
+        return ""
+    return (f"; graphs: {r['graph_rows']:,} rows inserted at {r['graph_insert_s'] / r['graph_rows'] * 1e6:.0f} us a "
+            f"row, checked at {r['graph_check_s'] / r['graph_rows'] * 1e6:.0f} us a row")
+
+
 def summary(rows: list[dict]) -> list[str]:
     """The ratios the targets are about (issue 14), from these rows."""
     lines = []
@@ -121,7 +129,7 @@ def summary(rows: list[dict]) -> list[str]:
                          f"{r['p99_us']:.2f} us, max {r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.1f} us, "
                          f"amortised {r['amortised_us']:.1f} us; {r['compacted']} {where(r)} compaction(s) "
                          f"({r['compaction_s']:.2f} s), thresholds {r['auto_compact_at']} delta / "
-                         f"{r['auto_compact_dead_at']} dead rows")
+                         f"{r['auto_compact_dead_at']} dead rows{graph_part(r)}")
     roll = {(r["op"], r["impl"], r["bank_size"], r["group"]): r["p50_us"] for r in rows if r["op"].startswith("fork_")}
     for (op, impl, size, group), p50 in sorted(roll.items()):
         if impl != "memr1":
@@ -142,7 +150,7 @@ def summary(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["impl"] in ("memr1", "usearch_overlay") and r["op"] in (ADD, UPDATE, DELETE, NOOP, "fork"):
             cost = (f", amortised {r['amortised_us']:.2f} us ({r['compacted']} {where(r)} compaction(s), "
-                    f"{r['compaction_s']:.2f} s)") if "compaction_s" in r else ""
+                    f"{r['compaction_s']:.2f} s){graph_part(r)}") if "compaction_s" in r else ""
             lines.append(f"{r['impl']} {r['op']} @ {r['bank_size']:,}: p50 {r['p50_us']:.2f} us, p99 {r['p99_us']:.2f} us, max "
                          f"{r['max_us'] / 1e3:.1f} ms, mean {r['mean_us']:.2f} us{cost}")
         if r["op"] == "build":

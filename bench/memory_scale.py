@@ -27,8 +27,8 @@ import numpy as np
 
 from memr1.bench.common import status_mb
 from memr1.bench.memory_impls import ADD, DELETE, NOOP, UPDATE, as_memr1, clustered, row, timed
-from memr1.bench.memory_phases import (bank_stats, compaction_cost, cycle_threshold, graph_check, graph_view, kind_ops,
-                                      saved_graph)
+from memr1.bench.memory_phases import (bank_stats, compaction_cost, compaction_mark, cycle_threshold, graph_check,
+                                      graph_view, kind_ops, saved_graph)
 from memr1.bench.memory_truth import Truth, recall, truth_topk
 from memr1.memory_store import MemoryBank
 
@@ -60,7 +60,7 @@ def scale_rows(size: int, config, workdir: Path, k: int, n_queries: int, n_searc
         if kind in (UPDATE, DELETE):
             live = live[n:]
         ops = [as_memr1(op) for op in plan]
-        before = (bank.compactions, bank.compaction_seconds)
+        before = compaction_mark(bank)
         samples = timed(lambda i: bank.apply(ops[i]), len(ops))
         cost = compaction_cost(bank, before)
         for op in plan:

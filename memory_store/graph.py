@@ -44,12 +44,14 @@ REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repa
 
 class GraphCheck(NamedTuple):
     """What making one graph whole took: rows the first check missed, of those the rows re-insertion
-    repaired, rows left as orphans (any row the last check missed); seconds of the insertion and of the
-    check with its repairs (the cost it adds)."""
+    repaired, rows left as orphans (any row the last check missed); the rows inserted (all of them in a
+    build, the new and changed ones in a fold) and the seconds inserting them, and of the check with its
+    repairs (the cost it adds)."""
     rows: int
     missed: int
     repaired: int
     orphans: int
+    inserted: int
     build_s: float
     check_s: float
 
@@ -120,8 +122,9 @@ def reinsert(index: Index, lost: np.ndarray, vectors_of) -> None:
 
 
 def checked(index: Index, config, vectors_of, started: float, screen: tuple, path=None) -> Built:
-    """`index` made whole (module doc), `screen` = (keys, their vectors) searched for; saved at `path`
-    if given (native). `vectors_of(keys)`: the rows of any keys, for a repair."""
+    """`index` made whole (module doc), `screen` = (keys, their vectors: the rows inserted since
+    `started`) searched for; saved at `path` if given (native). `vectors_of(keys)`: the rows of any
+    keys, for a repair."""
     built = time.perf_counter()
     graph = native(index, config, path)
     missed = lost_rows(index, graph, *screen)
@@ -133,7 +136,8 @@ def checked(index: Index, config, vectors_of, started: float, screen: tuple, pat
         again = np.union1d(screen[0], missed).astype(np.uint64)  # the repair rewired neighbours
         lost = lost_rows(index, graph, again, vectors_of(again))
         repaired = len(np.setdiff1d(missed, lost))
-    check = GraphCheck(len(index), len(missed), repaired, len(lost), built - started, time.perf_counter() - built)
+    check = GraphCheck(len(index), len(missed), repaired, len(lost), len(screen[0]), built - started,
+                       time.perf_counter() - built)
     if len(lost) > len(index) // 100:
         log.warning("HNSW graph of %d rows leaves %d rows to exact scans: its connectivity (%d) is too low "
                     "for this data", len(index), len(lost), config.hnsw_connectivity)
@@ -159,7 +163,6 @@ def fold_graph(before, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarra
     renamed[0] renamed to renamed[1] (each to a row no higher, in ascending order, so no key is renamed
     onto one still in use), and the `added` keys inserted; `vectors` (the new base's rows, indexed by
     key) gives their rows. Checked (and saved at `path`) as a build is. uint64 keys throughout."""
-    start = time.perf_counter()
     index = Index.restore(str(before))  # a copy in memory: the saved file is never written
     if index is None or index.ndim != config.dim:
         raise BankFormatError(f"{before} is not a usearch index of dim {config.dim}")
@@ -169,6 +172,7 @@ def fold_graph(before, removed: np.ndarray, renamed: tuple[np.ndarray, np.ndarra
     if len(renamed[0]):
         index.rename(renamed[0], renamed[1])
     new = vectors[added.astype(np.int64)]
+    start = time.perf_counter()  # the insertion: the part of a fold that grows with the rows it adds
     if len(added):
         index.add(added, new, threads=threads)
     return checked(index, config, lambda some: vectors[some.astype(np.int64)], start, (added, new), path)

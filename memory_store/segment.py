@@ -45,13 +45,15 @@ class SearchResult(NamedTuple):
 class Segment:
     """Shared, read-only state of a base. `rows_by_speaker` lists base rows per speaker; speakers
     in `graphs` (native views of their saved HNSW indexes) are searched through the graph plus the
-    graph's `orphans` (rows it does not return, scored exactly); the rest exactly."""
+    graph's `orphans` (rows it does not return, scored exactly); the rest exactly. `checks`: what
+    building its graphs took (graph.GraphCheck each; none for a segment read from disk)."""
 
     def __init__(self, vectors: np.ndarray, memories: list[Memory], graphs: dict[str, "_core.Graph"],
-                 orphans: dict[str, list[int]] | None = None):
+                 orphans: dict[str, list[int]] | None = None, checks: tuple = ()):
         self.vectors = vectors
         self.memories = memories
         self.graphs = graphs
+        self.checks = checks
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
         speakers = np.array([m.speaker for m in memories], dtype=object)
         self.rows_by_speaker = {s: np.flatnonzero(speakers == s).astype(np.int64) for s in set(speakers.tolist())}
@@ -126,17 +128,17 @@ def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.
 
 
 def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None,
-                  folder: Path | None = None) -> tuple[dict[str, "_core.Graph"], dict[str, list[int]]]:
+                  folder: Path | None = None) -> tuple[dict[str, "_core.Graph"], dict[str, list[int]], tuple]:
     """A graph per speaker with at least `hnsw_threshold` rows, checked so that no row is lost
     (graph.py), carried over from `previous` where it can be (fold_plan), saved in `folder` (the i-th
-    speaker in order as hnsw-<i>.usearch) or kept in memory; the native graphs and the rows each leaves
-    to exact scans (speakers with none are left out)."""
+    speaker in order as hnsw-<i>.usearch) or kept in memory; the native graphs, the rows each leaves
+    to exact scans (speakers with none are left out) and what each build took (GraphCheck)."""
     by_speaker: dict[str, list[int]] = {}
     for row, m in enumerate(memories):
         by_speaker.setdefault(m.speaker, []).append(row)
     indexed = sorted(s for s, rows in by_speaker.items() if len(rows) >= config.hnsw_threshold)
     new = versions(memories) if previous else None
-    graphs, orphans = {}, {}
+    graphs, orphans, checks = {}, {}, []
     for i, speaker in enumerate(indexed):
         keys = np.asarray(by_speaker[speaker], dtype=np.uint64)
         path = folder / f"hnsw-{i}.usearch" if folder is not None else None
@@ -146,17 +148,19 @@ def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfi
         else:
             built = build_graph(keys, vectors[keys.astype(np.int64)], config, path=path)
         graphs[speaker] = built.graph
+        checks.append(built.check)
         if len(built.orphans):
             orphans[speaker] = built.orphans.tolist()
-    return graphs, orphans
+    return graphs, orphans, tuple(checks)
 
 
 def write_segment(folder: Path, vectors, memories: list[Memory], config: BankConfig,
-                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]], dict]:
+                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]], dict,
+                                                             tuple]:
     """Write a complete segment at `folder` atomically (`vectors`: an array, or CarriedVectors), its
     graphs carried over from `previous` where they can be. Returns the speakers that got an HNSW
-    index, each file's (size, CRC32C) and each graph's orphan rows (for the manifest), and the
-    native graphs (views of the files written, for open_segment)."""
+    index, each file's (size, CRC32C) and each graph's orphan rows (for the manifest), the native
+    graphs (views of the files written, for open_segment) and what building them took."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -166,7 +170,7 @@ def write_segment(folder: Path, vectors, memories: list[Memory], config: BankCon
     # without the GIL: disk writes, CRC32C and usearch's insertion).
     rows_settled = Settling([tmp / "vectors.f32", tmp / "records.msgpack"])
     try:
-        graphs, orphans = build_indexes(vectors, memories, config, previous, tmp)
+        graphs, orphans, checks = build_indexes(vectors, memories, config, previous, tmp)
     finally:
         files = rows_settled.result()
     speakers = sorted(graphs)
@@ -174,7 +178,7 @@ def write_segment(folder: Path, vectors, memories: list[Memory], config: BankCon
     fsync_path(tmp)
     os.replace(tmp, folder)  # the graphs' mappings stay valid: a rename keeps the files
     fsync_path(folder.parent)
-    return speakers, files, orphans, graphs
+    return speakers, files, orphans, graphs, checks
 
 
 def segment_files(speakers_indexed: list[str]) -> list[str]:
@@ -195,11 +199,12 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
                  files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None,
-                 orphans: dict[str, list[int]] | None = None, graphs: dict | None = None) -> Segment:
+                 orphans: dict[str, list[int]] | None = None, graphs: dict | None = None, checks: tuple = ()) -> Segment:
     """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `orphans`:
     the manifest's rows each graph leaves to exact scans. `memories` and `graphs`:
     its rows and native graphs as the caller just wrote them (compaction, whose write_segment computed
-    the checksums from the same bytes), which are then neither checksummed nor read again."""
+    the checksums from the same bytes), which are then neither checksummed nor read again; `checks`
+    what building those graphs took."""
     path = folder / "records.msgpack"
     try:
         for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
@@ -240,14 +245,13 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
         if speaker not in graphs or any(not 0 <= r < base_rows for r in rows):
             raise BankFormatError(f"{folder.parent}/MANIFEST.json: graph_orphans of {speaker!r} name no graph's "
                                   f"rows: the bank is damaged")
-    return Segment(vectors, memories, graphs, orphans)
+    return Segment(vectors, memories, graphs, orphans, checks)
 
 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    graphs, orphans = build_indexes(vectors, memories, config)
-    return Segment(vectors, memories, graphs, orphans)
+    return Segment(vectors, memories, *build_indexes(vectors, memories, config))
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):

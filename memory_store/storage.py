@@ -69,7 +69,8 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
 
 def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None) -> tuple:
     """Write base-<gen>/ and an empty log-<gen>.oplog, not committed yet; returns the manifest that
-    commits them (with the segment's files) and the segment's native graphs (for open_generation).
+    commits them (with the segment's files), and the segment's native graphs with what building them
+    took (for open_generation).
     `previous`: (the generation's manifest, its segment), whose graphs the new ones are carried over
     from where they can be. On failure this call's files are removed (BankIOError)."""
     gen = manifest.generation
@@ -78,7 +79,8 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
         if previous is not None and previous[0].speakers_indexed:
             old, segment = previous
             before = Previous(path / f"base-{old.generation}", old.speakers_indexed, segment)
-        speakers, files, orphans, graphs = write_segment(path / f"base-{gen}", vectors, memories, manifest.config, before)
+        speakers, files, orphans, graphs, checks = write_segment(path / f"base-{gen}", vectors, memories, manifest.config,
+                                                                 before)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen)
@@ -88,7 +90,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
             raise
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
-    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans), graphs
+    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans), (graphs, checks)
 
 
 def commit_generation(path: Path, manifest: Manifest) -> None:
@@ -114,14 +116,15 @@ def discard_generation(path: Path, gen: int) -> None:
 
 
 def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable: bool, memories=None,
-                    graphs=None) -> tuple:
+                    built=None) -> tuple:
     """The manifest's generation: (segment, op log). `config` is the manifest's, or it with another fsync;
-    `memories` and `graphs`: the segment's rows and native graphs when the caller just wrote them (not
-    read back)."""
+    `memories` and `built`: the segment's rows, and its native graphs with what building them took (as
+    prepare_generation returns them), when the caller just wrote them (not read back)."""
     gen = manifest.generation
+    graphs, checks = built if built is not None else (None, ())
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
                            manifest.files if manifest.version >= 2 else None, memories, manifest.graph_orphans,
-                           graphs)
+                           graphs, checks)
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
 
 

@@ -63,6 +63,8 @@ def test_a_compaction_folds_the_graph_into_what_a_rebuild_holds(tmp_path, monkey
         churn(bank, rng, clustered(2 * n_ops, 10 + round_), n_ops)
         bank.compact()
         assert calls == {"build": 0, "fold": 2 * (round_ + 1)}
+        work = bank.compaction_graphs   # a fold inserts the added and updated rows, not the bank
+        assert work.inserted == 2 * n_ops * (round_ + 1) and work.insert_s > 0 and work.check_s > 0
         rows = {s: np.flatnonzero([m.speaker == s for m in bank._segment.memories]) for s in "AB"}
         for s in "AB":
             assert np.array_equal(saved_keys(bank, s), rows[s])   # each live row once, under its new row
@@ -86,11 +88,12 @@ def test_more_changes_than_the_share_rebuild_the_graph(tmp_path, monkeypatch):
     for j in range(n // 5):   # 20% new rows: folded
         bank.apply(Add(f"new {j}", v[n + j], "A", "t"))
     bank.compact()
-    assert calls == {"build": 0, "fold": 1}
+    assert calls == {"build": 0, "fold": 1} and bank.compaction_graphs.inserted == n // 5
     for j in range(n // 2):   # then 50%: built anew
         bank.apply(Update(j, f"changed {j}", v[n + n // 5 + j]))
     bank.compact()
     assert calls == {"build": 1, "fold": 1}
+    assert bank.compaction_graphs.inserted == n // 5 + len(bank)   # a build inserts every row
     assert np.array_equal(saved_keys(bank, "A"), np.arange(len(bank)))
     bank.close()
 
