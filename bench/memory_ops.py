@@ -106,7 +106,7 @@ def graph_part(r: dict) -> str:
     if not r.get("graph_rows"):
         return ""
     return (f"; graphs: {r['graph_rows']:,} rows inserted at {r['graph_insert_s'] / r['graph_rows'] * 1e6:.0f} us a "
-            f"row, checked at {r['graph_check_s'] / r['graph_rows'] * 1e6:.0f} us a row")
+            f"row, saved in {r['graph_save_s']:.2f} s, checked in {r['graph_check_s']:.2f} s")
 
 
 def summary(rows: list[dict]) -> list[str]:

@@ -162,14 +162,15 @@ def compaction_cost(bank, before: tuple) -> dict:
     """The compactions the timed ops caused since `before` (compaction_mark), waited for outside the
     timer, and their wall time: paid inside the op that crossed the threshold (background off) or by a
     thread beside the ops (on; `moved_s`, which the amortised mean adds). Of that time, the graphs'
-    part: `graph_rows` inserted in `graph_insert_s` and checked (with repairs) in `graph_check_s`,
-    the part that grows with the rows a compaction folds (the rest is paid per generation)."""
+    part (compaction.GraphWork): `graph_rows` inserted in `graph_insert_s` (what grows with the rows
+    a compaction folds), the graphs saved in `graph_save_s` and checked in `graph_check_s`."""
     bank.wait_for_compaction()
     seconds, background = bank.compaction_seconds - before[1], bank.config.auto_compact_background
     graphs, was = bank.compaction_graphs, before[2]
     return {"compacted": bank.compactions - before[0], "compaction_s": seconds, "background": background,
             "moved_s": seconds if background else 0.0, "graph_rows": graphs.inserted - was.inserted,
-            "graph_insert_s": graphs.insert_s - was.insert_s, "graph_check_s": graphs.check_s - was.check_s}
+            "graph_insert_s": graphs.insert_s - was.insert_s, "graph_save_s": graphs.save_s - was.save_s,
+            "graph_check_s": graphs.check_s - was.check_s}
 
 
 def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int, reps: int) -> list[dict]:

@@ -51,7 +51,7 @@ class MemoryBank:
         self._batching, self._owner, self._forked_from = False, os.getpid() if lock_fd is not None else None, None
         self.compactions = 0  # by this object, automatic or not
         self.compaction_seconds = 0.0  # their wall time, build to commit (in a thread or in the op)
-        self.compaction_graphs = compaction.GraphWork()  # their graphs' rows inserted, seconds inserting, checking
+        self.compaction_graphs = compaction.GraphWork()  # their graphs' rows inserted, seconds inserting, ...
         self._job, self._failed = None, None  # a background compaction in flight (compaction.py); one that failed
         self._install(core, segment)
         if lock_fd is not None:

@@ -40,16 +40,18 @@ ROWS_PER_SLICE = 4096  # rows turned into Python objects per GIL hold while the 
 
 
 class GraphWork(NamedTuple):
-    """Graph builds summed (graph.GraphCheck): the rows inserted, the seconds inserting them, and the
-    seconds checking the graphs (with their repairs). The rest of a compaction's time is per generation:
-    files, the carried graph's copy, the new state."""
+    """Graph builds summed (graph.GraphCheck): the rows inserted and the seconds inserting them (the
+    part that grows with the rows a compaction folds), saving the graphs and checking them (with their
+    repairs). The rest of a compaction's time goes to the other files, the carried graph's copy and the
+    new state."""
     inserted: int = 0
     insert_s: float = 0.0
+    save_s: float = 0.0
     check_s: float = 0.0
 
     def plus(self, checks) -> "GraphWork":
         return GraphWork(self.inserted + sum(c.inserted for c in checks), self.insert_s + sum(c.build_s for c in checks),
-                         self.check_s + sum(c.check_s for c in checks))
+                         self.save_s + sum(c.save_s for c in checks), self.check_s + sum(c.check_s for c in checks))
 
 
 class Generation(NamedTuple):

@@ -45,14 +45,15 @@ REPAIR_FROM = 64       # fewer lost rows than this become orphans without a repa
 class GraphCheck(NamedTuple):
     """What making one graph whole took: rows the first check missed, of those the rows re-insertion
     repaired, rows left as orphans (any row the last check missed); the rows inserted (all of them in a
-    build, the new and changed ones in a fold) and the seconds inserting them, and of the check with its
-    repairs (the cost it adds)."""
+    build, the new and changed ones in a fold) and the seconds inserting them, saving the graph (the
+    native copy the walk reads) and checking it with its repairs (the cost the check adds)."""
     rows: int
     missed: int
     repaired: int
     orphans: int
     inserted: int
     build_s: float
+    save_s: float
     check_s: float
 
 
@@ -127,17 +128,20 @@ def checked(index: Index, config, vectors_of, started: float, screen: tuple, pat
     keys, for a repair."""
     built = time.perf_counter()
     graph = native(index, config, path)
+    save_s = time.perf_counter() - built
     missed = lost_rows(index, graph, *screen)
     lost, repaired = missed, 0
     if len(missed) >= REPAIR_FROM:
         graph = None  # its mapping of `path` goes before the file is written again
         reinsert(index, missed, vectors_of)
+        at = time.perf_counter()
         graph = native(index, config, path)
+        save_s += time.perf_counter() - at
         again = np.union1d(screen[0], missed).astype(np.uint64)  # the repair rewired neighbours
         lost = lost_rows(index, graph, again, vectors_of(again))
         repaired = len(np.setdiff1d(missed, lost))
-    check = GraphCheck(len(index), len(missed), repaired, len(lost), len(screen[0]), built - started,
-                       time.perf_counter() - built)
+    check = GraphCheck(len(index), len(missed), repaired, len(lost), len(screen[0]), built - started, save_s,
+                       time.perf_counter() - built - save_s)
     if len(lost) > len(index) // 100:
         log.warning("HNSW graph of %d rows leaves %d rows to exact scans: its connectivity (%d) is too low "
                     "for this data", len(index), len(lost), config.hnsw_connectivity)
