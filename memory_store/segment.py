@@ -251,7 +251,8 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    return Segment(vectors, memories, *build_indexes(vectors, memories, config))
+    graphs, orphans, checks = build_indexes(vectors, memories, config)
+    return Segment(vectors, memories, graphs, orphans, checks)
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):
