@@ -50,7 +50,7 @@ class GraphWork(NamedTuple):
     check_s: float = 0.0
 
     def plus(self, checks) -> "GraphWork":
-        return GraphWork(self.inserted + sum(c.inserted for c in checks), self.insert_s + sum(c.build_s for c in checks),
+        return GraphWork(self.inserted + sum(c.inserted for c in checks), self.insert_s + sum(c.insert_s for c in checks),
                          self.save_s + sum(c.save_s for c in checks), self.check_s + sum(c.check_s for c in checks))
 
 

@@ -52,7 +52,7 @@ class GraphCheck(NamedTuple):
     repaired: int
     orphans: int
     inserted: int
-    build_s: float
+    insert_s: float
     save_s: float
     check_s: float
 
