@@ -56,6 +56,7 @@ def pick(setting: str, latest: dict, role: str, base: Path) -> Path:
 
 def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, latest: dict, val: bool = False):
     """The stage object for the loop (for validation: greedy, one completion per val item)."""
+    from memr1.rl.hints import Hints
     from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
     from memr1.rl.warm import WarmStage
 
@@ -79,7 +80,8 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         sampling = GREEDY.with_tokens(sampling.max_new_tokens)
     if role == "manager":
         frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
-        stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
+        hints = Hints(scfg.hints, items.by_id, run.task.manager.list_unchanged) if not val and scfg.hints else None
+        stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world, hints)
         stage.item_stats = items.manager_stats(name)
         return stage
     return AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)

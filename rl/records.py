@@ -20,7 +20,8 @@ class Group:
     prompt_ids: list[int]                 # the prompt's token ids, once for the whole group
     responses: list[list[int]]            # G response token-id lists (what the policy generated)
     behav_logprobs: list[list[float]] | None  # per response token: its log-prob under the sampling
-                                              # distribution (None: not sampled, e.g. a warm-start target)
+                                              # distribution (None: not sampled, e.g. a warm-start target;
+                                              # NaN: a hint's token, rl/hints.py)
     rewards: list[float]                  # G scalar rewards, the sum of each response's breakdown
     breakdown: dict[str, list[float]] = field(default_factory=dict)  # reward part -> G values (for logs)
     truncated: list[bool] = field(default_factory=list)  # response i hit the token budget

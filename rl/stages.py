@@ -41,6 +41,18 @@ class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+class ManagerRLConfig(StageConfig, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The call-level manager stage's settings: a stage's, plus hints (rl/hints.py)."""
+    hints: Annotated[int, Meta(ge=0, le=1023)] = 0   # of each group on a call whose oracle reply UPDATEs or
+                                                     # DELETEs, completions that start from that reply
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.hints >= self.group_size:
+            raise ValueError(f"hints must be below group_size ({self.group_size}), got {self.hints}: "
+                             f"a group needs unhinted completions to compare the hinted ones with")
+
+
 def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -115,10 +127,11 @@ class ManagerStage:
     name = "manager"
 
     def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
-                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1):
+                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, hints=None):
         self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
+        self.hints = hints           # rl.hints.Hints: some completions start from the oracle's reply
         self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
 
     def score(self, items, turns, owners: list[int], completions: list) -> "ManagerScores":
@@ -163,11 +176,14 @@ class ManagerStage:
                               self.embedder, self.task.manager)
         prompt_s = time.perf_counter() - t0
         sampling = self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens)
+        G = self.cfg.group_size
         with span("generate"):
-            completions = generator.generate([t.prompt.messages for t in turns], self.cfg.group_size, sampling)
+            if self.hints is not None:
+                completions, hinted = self.hints.generate(generator, items, turns, G, sampling)
+            else:
+                completions, hinted = generator.generate([t.prompt.messages for t in turns], G, sampling), []
         gen_s = time.perf_counter() - t0
 
-        G = self.cfg.group_size
         flat = [c for group in completions for c in group]
         owners = [j // G for j in range(len(flat))]
         sc = self.score(items, turns, owners, flat)
@@ -185,6 +201,7 @@ class ManagerStage:
                    **{f"ops_{e.lower()}": events[e] / n for e in EVENTS},
                    "capped_rate": mean(o.truncated for o in outcomes),
                    "frozen_capped_rate": mean(hit_cap(a[0]) for a in answers),
+                   **(self.hints.metrics(groups, hinted) if self.hints is not None else {}),
                    "frozen_answers": len(answers), "frozen_prompts": sc.frozen_prompts, "gen_s": gen_s,
                    "prompt_s": prompt_s, "score_s": time.perf_counter() - t0 - gen_s,
                    "response_tokens": sum(g.response_tokens for g in groups),

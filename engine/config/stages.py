@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from memr1.engine.config.errors import ConfigError
-from memr1.rl.stages import StageConfig
+from memr1.rl.stages import ManagerRLConfig, StageConfig
 
 if TYPE_CHECKING:
     from memr1.engine.config.run import RunConfig
@@ -28,7 +28,7 @@ class ControlConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 
 class StagesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Per-stage settings; `RunConfig.stages` says which run, in which order."""
-    manager: StageConfig = msgspec.field(default_factory=StageConfig)
+    manager: ManagerRLConfig = msgspec.field(default_factory=ManagerRLConfig)
     answer: StageConfig = msgspec.field(default_factory=StageConfig)
     manager_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
     answer_warm: StageConfig = msgspec.field(default_factory=lambda: StageConfig(group_size=1, lr=1e-5))
