@@ -270,3 +270,22 @@ def test_state_dict_round_trips_into_a_fresh_learner(tiny, algo):
     a, b = trained.train_step(make_batch(seed=2)), fresh.train_step(make_batch(seed=2))
     assert a["loss"] == b["loss"] and a["lr"] == b["lr"] and a["grad_norm"] == b["grad_norm"]
     assert same(fresh.policy.state_dict(), trained.policy.state_dict())
+
+
+def test_a_hints_tokens_train_as_if_the_learner_had_sampled_them(tiny):
+    """NaN behaviour log-probs (rl/hints.py's prefix tokens): no importance correction under the default
+    anchor, the learner's own log-prob under anchor = "behaviour"; both steps equal a step without
+    behaviour log-probs."""
+    def batch(nan: bool):
+        b = make_batch()
+        for g in b.groups:
+            g.behav_logprobs = [[math.nan] * len(r) for r in g.responses] if nan else None
+        return b
+    plain = learner_for(tiny, lr=1e-3)
+    plain.train_step(batch(False))
+    for anchor in ("current", "behaviour"):
+        hinted = learner_for(tiny, lr=1e-3, anchor=anchor)
+        assert math.isfinite(hinted.train_step(batch(True))["loss"])
+        w, w_plain = weights(hinted), weights(plain)
+        assert max((w[k] - w_plain[k]).abs().max().item() for k in w) < 1e-6, anchor
+    assert max((w_plain[k] - learner_for(tiny).policy.lm.state_dict()[k]).abs().max().item() for k in w_plain) > 1e-5
