@@ -56,10 +56,10 @@ class Hints:
         return out
 
     def generate(self, generator, items, turns, group_size: int, sampling) -> tuple[list[list[Completion]], list[bool]]:
-        """(group_size completions per turn, whether each turn's group is hinted): the last `n` of each group whose item
-        has a hint continue its prefix; every other completion is sampled from the prompt alone. Two
-        generate calls with one `n` each: G - n from every prompt, then n from every prompt (prefixed
-        where hinted), so no completion is sampled and thrown away."""
+        """(group_size completions per turn, whether each turn's group is hinted): the last `n` of each
+        group whose item has a hint continue its prefix; every other completion is sampled from the
+        prompt alone. Two generate calls with one `n` each: G - n from every prompt, then n from every
+        prompt (prefixed where hinted), so no completion is sampled and thrown away."""
         prefixes = self.prefixes(items, turns)
         messages = [t.prompt.messages for t in turns]
         first = generator.generate(messages, group_size - self.n, sampling)
@@ -71,7 +71,6 @@ class Hints:
         for a, b, i, p in zip(first, second, ids, prefixes):
             groups.append(list(a) + ([hinted_completion(c, i, p) for c in b] if i else list(b)))
         return groups, [i is not None for i in ids]
-
 
     def metrics(self, groups, hinted: list[bool]) -> dict:
         """hinted_share: the completions that continue a hint; hint_reward_gap: their mean reward minus
