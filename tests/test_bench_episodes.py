@@ -65,6 +65,8 @@ def test_tiny_run_writes_rows_agreement_and_headline(tmp_path):
     assert (h["ours"], h["baseline"], h["target"]) == ("memr1 S=2", "pickle_snapshots S=2", None)
     assert np.isclose(h["value"], rows["memr1"]["episodes_per_s"] / rows["pickle_snapshots"]["episodes_per_s"])
     assert np.isclose(h["snapshot_ratio"], rows["pickle_snapshots"]["snapshot_s"] / rows["memr1"]["snapshot_s"])
+    assert np.isclose(h["free_snapshot_ratio"], rows["pickle_snapshots"]["step_s"] /
+                      (rows["memr1"]["step_s"] - rows["memr1"]["snapshot_s"]))
     assert [p.name for p in tmp_path.iterdir()] == ["episodes.json"]   # the snapshot files are gone
 
 
@@ -178,12 +180,15 @@ def test_timed_rollout_splits_the_time_and_restores_what_it_wrapped():
 
 
 def test_headline_ratios_name_their_rows_and_skip_growth_below_a_page():
-    row = lambda eps, snap, growth: {"episodes_per_s": eps, "snapshot_s": snap, "rss_growth_mb": growth}  # noqa: E731
-    pickle_, deep = headline({"memr1": row(40.0, 0.01, 0.001), "pickle_snapshots": row(10.0, 0.5, 2.0),
+    row = lambda eps, snap, growth: {"episodes_per_s": eps, "step_s": 16 / eps, "snapshot_s": snap,  # noqa: E731
+                                     "rss_growth_mb": growth}
+    pickle_, deep = headline({"memr1": row(40.0, 0.04, 0.001), "pickle_snapshots": row(10.0, 0.5, 2.0),
                               "deepcopy": row(20.0, 0.1, 8.0)}, 32)
     assert pickle_["value"] == 4.0 and deep["value"] == 2.0
     assert pickle_["target"] == 20.0 and pickle_["met"] is False and deep["target"] is None
-    assert pickle_["snapshot_ratio"] == 50.0
+    assert pickle_["snapshot_ratio"] == 12.5
+    # memr1's step is 0.4 s, 0.04 of it snapshots: free forks would leave 0.36 s against 1.6 and 0.8 s
+    assert np.isclose(pickle_["free_snapshot_ratio"], 1.6 / 0.36) and np.isclose(deep["free_snapshot_ratio"], 0.8 / 0.36)
     assert pickle_["rss_growth_ratio"] is None   # memr1 grew by less than a page
     assert (deep["ours"], deep["baseline"]) == ("memr1 S=32", "deepcopy S=32")
     _, deep = headline({"memr1": row(40.0, 0.01, 0.5), "pickle_snapshots": row(10.0, 0.5, 2.0),
