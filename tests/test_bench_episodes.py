@@ -188,7 +188,8 @@ def test_headline_ratios_name_their_rows_and_skip_growth_below_a_page():
     assert pickle_["target"] == 20.0 and pickle_["met"] is False and deep["target"] is None
     assert pickle_["snapshot_ratio"] == 12.5
     # memr1's step is 0.4 s, 0.04 of it snapshots: free forks would leave 0.36 s against 1.6 and 0.8 s
-    assert np.isclose(pickle_["free_snapshot_ratio"], 1.6 / 0.36) and np.isclose(deep["free_snapshot_ratio"], 0.8 / 0.36)
+    assert np.isclose(pickle_["free_snapshot_ratio"], 1.6 / 0.36)
+    assert np.isclose(deep["free_snapshot_ratio"], 0.8 / 0.36)
     assert pickle_["rss_growth_ratio"] is None   # memr1 grew by less than a page
     assert (deep["ours"], deep["baseline"]) == ("memr1 S=32", "deepcopy S=32")
     _, deep = headline({"memr1": row(40.0, 0.01, 0.5), "pickle_snapshots": row(10.0, 0.5, 2.0),
