@@ -4,7 +4,8 @@ clustered by conversation (rl/stats.py).
 
 For each policy in `eval_after` (base = the untrained model in both roles, warm = each role's warm
 start, trained = each role's final checkpoint, control = each role's supervised control, the warm
-start trained further on the RL stage's prompts):
+start trained further on the RL stage's prompts, rs = each role's rejection-sampling control, the warm
+start trained on the best of the RL stage's own rollouts):
   eval/<split>.<policy>.json               the full pipeline (extraction or oracle facts, the policy's
                                            manager building banks, its answer agent answering)
   eval/<split>.<policy>.oracle_banks.json  synthetic data: the answer agent alone, on the oracle's banks
@@ -12,6 +13,13 @@ and, when a manager and an answer agent were trained, the manager measured on wh
 optimises: the trained answer agent, fixed, on every other policy's manager's banks (the banks are
 cached by manager, so each costs one answer pass)
   eval/<split>.trained_answer.<policy>_manager.json
+and each control's answer agent on the warm manager's banks (beside the warm pipeline and the trained
+answer agent there, the answer agent measured on the banks its stage trained on when the warm manager
+built them, as in the outcome-only recipe)
+  eval/<split>.<control>_answer.warm_manager.json
+With "add_all" in eval_after, the trained answer agent also answers from ADD-every-fact banks (every
+extracted fact ADDed, nothing updated or deleted: the rule a learned manager must beat)
+  eval/<split>.trained_answer.add_all_manager.json
 eval/summary.json holds every row and comparison; the table is printed last.
 """
 import json
@@ -20,35 +28,43 @@ from pathlib import Path
 from memr1.engine.config.stages import stage_name
 from memr1.engine.evaluate import run_eval
 from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
-from memr1.rl.stats import compare_reports
+from memr1.rl.stats import ci_text, compare_reports
 
-ROWS = ("base", "warm", "trained", "control")
+ROWS = ("base", "warm", "trained", "control", "rs")
 # (a, b) pairs compared as b - a, over the full pipeline and over the oracle's banks
 PAIRS = (("base", "warm"), ("base", "trained"), ("warm", "trained"), ("control", "trained"), ("base", "control"),
-         ("warm", "control"))
+         ("warm", "control"), ("rs", "trained"), ("warm", "rs"))
 
 
 def policies(run, finals: dict[str, Path]) -> dict[str, dict]:
     """policy -> {role: checkpoint} for the policies eval_after names that this run has."""
     out = {}
     for which in run.cfg.eval_after:
+        if which == "add_all":
+            continue   # not a policy: the trained answer agent on ADD-every-fact banks (evaluate_after)
         if which == "base":
             out["base"] = {}
         elif which == "warm":
             warm = {r: finals[f"{r}_warm"] for r in ("manager", "answer") if f"{r}_warm" in finals}
             if warm:
                 out["warm"] = warm
-        elif which == "control":
-            control = {r: finals[f"{r}_control"] for r in ("manager", "answer") if f"{r}_control" in finals}
+        elif which in ("control", "rs"):
+            control = {r: finals[f"{r}_{which}"] for r in ("manager", "answer") if f"{r}_{which}" in finals}
             if control:
-                out["control"] = control
+                out[which] = control
         else:
             trained = {}
             for name, path in finals.items():   # in stage order: each role's last stage wins (controls aside)
-                if stage_name(name).kind != "control":
+                if not stage_name(name).baseline:
                     trained[stage_name(name).role] = path
             out["trained"] = trained
     return out
+
+
+def warm_banks(label: str) -> str:
+    """The report label of `label`'s answer agent on the warm manager's banks."""
+    return "warm" if label == "warm" else "trained_answer.warm_manager" if label == "trained" else \
+        f"{label}_answer.warm_manager"
 
 
 def fixed_answerer(label: str) -> str:
@@ -73,6 +89,16 @@ def evaluate_after(run, finals: dict[str, Path], generator) -> dict:
                 manager = {"manager": models["manager"]} if "manager" in models else {}
                 reports[fixed_answerer(label)] = run_eval(run, split, {**manager, "answer": trained["answer"]},
                                                           generator, fixed_answerer(label), baseline="memr1")
+    warm = pols.get("warm", {})
+    if "manager" in warm and "answer" in trained:   # each answer agent on the warm manager's banks (what it trained on
+        for label in ("control", "rs"):               # when the warm manager built its stage's banks)
+            if "answer" in pols.get(label, {}):
+                reports[warm_banks(label)] = run_eval(run, split, {"manager": warm["manager"],
+                                                                   "answer": pols[label]["answer"]},
+                                                      generator, warm_banks(label), baseline="memr1")
+    if "answer" in trained and "add_all" in cfg.eval_after:   # the rule a manager must beat: ADD every fact
+        reports[fixed_answerer("add_all")] = run_eval(run, split, {"answer": trained["answer"]}, generator,
+                                                      fixed_answerer("add_all"), baseline="add_all")
     summary = summarize(reports, cfg.eval.resamples, cfg.seed)
     out = run.run_dir / "eval" / "summary.json"
     out.write_text(json.dumps(summary, indent=1))
@@ -104,10 +130,15 @@ def summarize(reports: dict[str, Path], resamples: int, seed: int) -> dict:
                 comparisons[f"{b}{suffix} - {a}{suffix}"] = compare_reports(loaded[a + suffix], loaded[b + suffix],
                                                                            resamples, seed)
     # the manager with the answer agent fixed: the trained manager's banks against each other manager's
-    for label in ROWS:
+    for label in (*ROWS, "add_all"):
         fixed = fixed_answerer(label)
         if label != "trained" and fixed in loaded and "trained" in loaded:
             comparisons[f"trained - {fixed}"] = compare_reports(loaded[fixed], loaded["trained"], resamples, seed)
+    # the answer agents on the warm manager's banks: the trained one against the warm start and each control
+    for a in ("warm", "control", "rs"):
+        if warm_banks(a) in loaded and warm_banks("trained") in loaded and a != "trained":
+            comparisons[f"{warm_banks('trained')} - {warm_banks(a)}"] = compare_reports(
+                loaded[warm_banks(a)], loaded[warm_banks("trained")], resamples, seed)
     return {"rows": rows, "comparisons": comparisons, "cluster": "conversation"}
 
 
@@ -121,7 +152,7 @@ def format_summary(summary: dict, split: str) -> str:
                      f"{cell(r['op_accuracy']):>7} {cell(r.get('evidence_miss')):>7} {r['n']:>5}")
     lines.append("paired differences, b - a, with 95% bootstrap intervals (conversations resampled):")
     for name, metrics in summary["comparisons"].items():
-        parts = [f"{m} {r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for m, r in metrics.items()
+        parts = [f"{m} {r['delta']:+.1f} {ci_text(r)}" for m, r in metrics.items()
                  if r.get("delta") is not None and m in ("em", "f1", "op_accuracy", "op_accuracy_ids")]
         lines.append(f"  {name:48} " + "; ".join(parts))
     return "\n".join(lines)

@@ -70,7 +70,7 @@ class Loop:
     def __init__(self, stage: Stage, generator, learner: Learner, cfg: LoopConfig, steps: int,
                  on_step: Callable[[dict], None] = lambda m: None,
                  save_checkpoint: Callable[[int], None] = lambda step: None,
-                 validate: Callable[[int], dict] | None = None,
+                 validate: Callable[[int], dict] | None = None, probe: Callable[[int], dict] | None = None,
                  agree: Callable[[Any, int], Any] = alone, profiler=None):
         if cfg.sync_every < 1 or cfg.max_staleness < 0:
             raise ValueError("loop.sync_every must be >= 1 and loop.max_staleness >= 0")
@@ -83,6 +83,7 @@ class Loop:
         self.stage, self.generator, self.learner, self.cfg = stage, generator, learner, cfg
         self.steps, self.on_step, self.save_checkpoint, self.agree = steps, on_step, save_checkpoint, agree
         self.validate = validate   # step -> val_* metrics, run with the generator holding that step's weights
+        self.probe = probe         # step -> probe_* metrics (the probe curve), every cfg.probe_every steps
         self.profiler = profiler   # observe/profiling.StepProfiler: traces the steps it names; None: no profiling
         self.sync_bytes = 0        # what the last weight sync moved
         self.queue: queue.Queue = queue.Queue(maxsize=cfg.max_staleness + 1)
@@ -154,7 +155,9 @@ class Loop:
                 version += 1
                 every = self.cfg.validate_every
                 validating = self.validate is not None and every and (step % every == 0 or step == end)
-                due = version % self.cfg.sync_every == 0 or step == end or validating
+                probing = self.probe is not None and self.cfg.probe_every and \
+                    (step % self.cfg.probe_every == 0 or step == end)
+                due = version % self.cfg.sync_every == 0 or step == end or validating or probing
                 sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
                 val = {}
                 if validating:
@@ -162,6 +165,11 @@ class Loop:
                     with self.gen_lock:
                         val = self.validate(step)
                     val["val_s"] = time.perf_counter() - t2
+                if probing:
+                    t2 = time.perf_counter()
+                    with self.gen_lock:
+                        val.update(self.probe(step))
+                    val["probe_s"] = time.perf_counter() - t2
                 last = {**item.metrics, **train, **val,  # the loop's own keys win over the learner's counters
                         "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
                         "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,

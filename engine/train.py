@@ -42,7 +42,7 @@ from memr1.engine.observe import quiet
 from memr1.engine.observe.runlog import RunLog
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.training.learner import Learner
-from memr1.engine.validation import hand_on, phase_bounds, validates, validator
+from memr1.engine.validation import hand_on, phase_bounds, prober, validates, validator
 from memr1.rl.data.locomo import DataError
 from memr1.rl.generation import GREEDY
 
@@ -54,8 +54,11 @@ def pick(setting: str, latest: dict, role: str, base: Path) -> Path:
     return base if setting == "base" else Path(setting)
 
 
-def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, latest: dict, val: bool = False):
-    """The stage object for the loop (for validation: greedy, one completion per val item)."""
+def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, latest: dict, val: bool = False,
+               probe: bool = False):
+    """The stage object for the loop (for validation: greedy, one completion per val item; `probe`:
+    the same, on the train items `loop.probe_items` holds out of training)."""
+    from memr1.rl.algos.rejection import RejectionStage
     from memr1.rl.hints import Hints
     from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
     from memr1.rl.warm import WarmStage
@@ -63,28 +66,43 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
     cfg, n = run.cfg, stage_name(name)
     role, scfg = n.role, run.stage(name)
     rank, world = run.rank, run.world
-    if n.supervised:   # a warm start, or a control on the RL stage's own items
-        items_of = name if n.kind == "warm" else n.of("rl")
-        its = items.manager(items_of) if role == "manager" else \
-            items.answer(items_of, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
-        return WarmStage(role, its, items.by_id, embedder, tokenizer, scfg, run.task, rank, world, name)
+    bank_manager = pick(cfg.stage.bank_manager, latest, "manager", run.base_model)
+    if n.scripted:   # a warm start (or format start), or a control on the RL stage's own items
+        if n.kind == "warm" and (scfg.pool_seed is not None or scfg.examples):
+            its, convs = items.format_pool(role, scfg.pool_seed, scfg.examples)
+        else:
+            its, convs = rl_items(run, items, n.of("rl") if n.kind == "control" else name, bank_manager), items.by_id
+        return WarmStage(role, its, convs, embedder, tokenizer, scfg, run.task, rank, world, name)
     sampling = run.rollout_sampling(role)
     judge = make_judge(cfg, swap.view(run.base_model))
     if n.kind == "episode":
         return episode_stage(run, items, embedder, swap, latest, judge, val)
-    its = items.manager(name) if role == "manager" else \
-        items.answer(name, pick(cfg.stage.bank_manager, latest, "manager", run.base_model))
-    if val:  # every val item once, greedy; the rank's share when data parallel
+    its = rl_items(run, items, name, bank_manager, probe)
+    if val or probe:  # every item once, greedy; the rank's share when data parallel
         its = its[: len(its) // world * world]
         scfg = StageConfig(steps=1, prompts_per_step=len(its), group_size=1, lr=scfg.lr)
         sampling = GREEDY.with_tokens(sampling.max_new_tokens)
     if role == "manager":
         frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
-        hints = Hints(scfg.hints, items.by_id, run.task.manager.list_unchanged) if not val and scfg.hints else None
+        hint_n = getattr(scfg, "hints", 0)   # a control's settings carry no hints
+        hints = Hints(hint_n, items.by_id, run.task.manager.list_unchanged) if not val and hint_n else None
         stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world, hints)
-        stage.item_stats = items.manager_stats(name)
-        return stage
-    return AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
+        stage.item_stats = items.manager_stats(name, bank_manager)
+    else:
+        stage = AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
+    return RejectionStage(stage, name) if n.kind == "rs" and not (val or probe) else stage
+
+
+def n_rl(name: str) -> str:
+    """The RL stage a stage's probe scores like: the role's RL stage (a control's reward is RL's)."""
+    return stage_name(name).of("rl")
+
+
+def rl_items(run: Resolved, items, name: str, bank_manager: Path, probe: bool = False) -> list:
+    """The items stage `name` trains on (`probe`: the train items `loop.probe_items` holds out of them)."""
+    if stage_name(name).role == "manager":
+        return items.manager(name, bank_manager, probe)
+    return items.answer(name, bank_manager, probe)
 
 
 def episode_stage(run: Resolved, items, embedder, swap, latest: dict, judge, val: bool):
@@ -136,6 +154,12 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
     if validates(cfg, name):
         validate = validator(run, make_stage(run, name, val_items, embedder, policy.tokenizer, swap, latest, val=True),
                              policy, stage_dir, save, bounds)
+    probe = None
+    if cfg.loop.probe_every and stage_name(name).kind in ("rl", "rs", "control"):
+        probe = prober(run, make_stage(run, n_rl(name), items, embedder, policy.tokenizer, swap, latest, probe=True),
+                       policy)
+        if start == 0 and log is not None:   # the curve's first point: the weights the stage starts from
+            log({"step": 0, "stage": name, "phase_start": True, **probe(0)}, advance=False)
     profiler = None
     if cfg.profile.steps and run.rank == 0:   # rank 0's traces; other ranks run unprofiled
         from memr1.engine.observe.profiling import StepProfiler
@@ -156,7 +180,7 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
                     log({"step": begin, "stage": name, "phase_start": True, **val,
                          "val_s": time.perf_counter() - t0}, advance=False)
             out = Loop(stage, policy, learner, cfg.loop, end, on_step=log or (lambda m: None), save_checkpoint=save,
-                       validate=validate, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
+                       validate=validate, probe=probe, agree=dist_utils.agree_rollouts if run.world > 1 else alone,
                        profiler=profiler).run(start)
             if out["steps_done"] < end:
                 break
@@ -174,7 +198,7 @@ def check_train_data(cfg: RunConfig) -> None:
     from memr1.rl.data import detect_format, load_conversations
 
     validating = [name for name in cfg.stages if validates(cfg, name)]
-    if validating and not load_conversations(cfg.data.path or None, cfg.data.n, split="val"):
+    if validating and not load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="val"):
         where = f"data.path={cfg.data.path}" if cfg.data.path else f"the synthetic set at data.n={cfg.data.n}"
         raise DataError(f"loop.validate_every={cfg.loop.validate_every}: {', '.join(validating)} would validate on the "
                         f"val split, and {where} has no val conversation; set loop.validate_every=0 or give it one")
@@ -225,14 +249,15 @@ def train(cfg: RunConfig) -> dict:
         for name in cfg.stages:
             t = time.perf_counter()
             # A control continues its role's warm start and hands on nothing: later stages use the RL policy.
+            # It sees the run as its RL stage did: its own role's latest checkpoint is the warm start.
             n = stage_name(name)
-            control = n.kind == "control"
-            start = finals.get(n.of("warm")) if control else None
-            final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, latest, resume[name],
+            start = finals.get(n.of("warm")) if n.baseline else None
+            seen = {**latest, n.role: start} if n.baseline and start is not None else latest
+            final, done, signum = train_stage(run, name, items, val_items, embedder, policy, swap, seen, resume[name],
                                               start)
             if final is not None:
                 finals[name] = final
-                if not control:
+                if not n.baseline:
                     latest[n.role] = final
             say(f"stage {name}: {time.perf_counter() - t:.0f}s, hands on {final}")
             if not done:

@@ -87,3 +87,16 @@ def validator(run, val_stage, policy, stage_dir: Path, save, bounds: list[tuple[
                 (stage_dir / "best.json").write_text(json.dumps(best))
         return out
     return validate
+
+
+def prober(run, probe_stage, policy):
+    """loop.probe: the policy's greedy outcome score on the train items held out for the probe curve
+    (`RunItems.carve`), as `probe_*` metrics; it picks no checkpoint. The same items every time, so
+    its curve moves only with the policy, unlike the batch mean, whose items change every step."""
+    def probe(step: int) -> dict:
+        metrics = probe_stage.rollout(0, policy).metrics
+        if run.world > 1:
+            metrics = reduce_metrics(metrics, run.world)
+        return {f"probe_{k}": metrics[k] for k in ("reward_mean", "em_mean", "f1_mean", "parse_failure_rate")
+                if k in metrics}
+    return probe

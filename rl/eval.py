@@ -32,11 +32,11 @@ from memr1.rl.eval_report import aggregate, format_table, oracle_scores, percent
 from memr1.rl.evidence import evidence_misses, fact_turns_of, miss_rate, stored_turns
 from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.items import oracle_bank
-from memr1.rl.rag import input_counts, rag_bank
+from memr1.rl.rag import fact_bank, input_counts, rag_bank
 from memr1.rl.rewards import score_answer
 from memr1.rl.turns import AnswerRequest, Task, answer_prompts
 
-BASELINES = ("memr1", "base", "oracle", "rag", "full_context")
+BASELINES = ("memr1", "base", "oracle", "rag", "add_all", "full_context")
 ROLES = ("extract", "manager", "answer")
 
 FULL_CONTEXT_SYSTEM = """You answer a question about a conversation between two people, shown in
@@ -45,7 +45,7 @@ words. Turn relative dates into absolute dates using the session's date."""
 
 
 class EvalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    baseline: str = "memr1"            # memr1 | base | oracle | rag | full_context
+    baseline: str = "memr1"            # memr1 | base | oracle | rag | add_all (every fact ADDed) | full_context
     max_turns: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
     max_questions: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
     fact_match_f1: Annotated[float, Meta(gt=0, le=1)] = 0.5   # oracle fact matching threshold (see eval_report)
@@ -92,11 +92,15 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
     bar = lambda desc: tqdm(desc=desc, total=0, unit="prompt", disable=not cfg.progress, dynamic_ncols=True)
 
     banks, skipped, contexts, facts = {}, [], {}, {}
-    if cfg.baseline in ("memr1", "base"):
+    if cfg.baseline in ("memr1", "base", "add_all"):
         with bar("extract facts") as b:
             facts = facts_for(conversations, gens["extract"], task.extract,
                               {c.sample_id: facts_dir / safe_name(c.sample_id) for c in conversations},
                               batch_size, cfg.max_turns, b, counts["extract"])
+    if cfg.baseline == "add_all":
+        banks = {c.sample_id: fact_bank(limit_turns(c, cfg.max_turns), facts[c.sample_id], embedder)
+                 for c in conversations}
+    elif cfg.baseline in ("memr1", "base"):
         with bar("manager steps") as b:
             builds.update(run_manager(conversations, {c.sample_id: cache_dir / safe_name(c.sample_id)
                                                       for c in conversations}, facts, gens["manager"], embedder,

@@ -1,4 +1,6 @@
-"""The RAG baseline's store (LoCoMo's): every raw turn is a memory of its speaker, dated by its session.
+"""The rule-built stores the learned manager is compared with. RAG (LoCoMo's baseline): every raw turn is
+a memory of its speaker, dated by its session. ADD-every-fact (`fact_bank`): every fact of every turn is
+ADDed, nothing is updated or deleted, so the bank keeps every version of a changing fact.
 
 Real data holds turns a bank refuses as they are: a turn longer than a memory may be (the bank's
 `max_text_bytes`, 4,096 bytes by default; LongMemEval has 5 KB assistant turns) is split at word
@@ -85,4 +87,16 @@ def rag_bank(conv, embedder, turns: list, limit: int = MAX_TEXT_BYTES) -> Memory
                 bank.close()
                 raise DataError(f"{conv.sample_id} turn {t.dia_id}: the memory bank refuses it "
                                 f"({type(e).__name__}: {e})") from None
+    return bank
+
+
+def fact_bank(turns: list, facts: list[list[str]], embedder) -> MemoryBank:
+    """Every fact of `turns` (one fact list per turn, as rl/facts.py gives them) ADDed as a memory of
+    the turn's speaker, dated by its session: the manager that knows no operation but ADD."""
+    rows = [(t, f) for t, fs in zip(turns, facts) if has_speaker(t) for f in fs or () if f.strip()]
+    bank = MemoryBank.create(None, dim=embedder.dim)
+    if rows:
+        vectors = embedder.embed([f for _, f in rows])
+        bank.apply_batch([Add(text=f, vector=v, speaker=t.speaker, timestamp=t.timestamp, sources=(t.dia_id,))
+                          for (t, f), v in zip(rows, vectors)])
     return bank

@@ -11,12 +11,17 @@ over the drawn items (sum of the drawn clusters' sums over their item counts). W
 effect, this interval is wider than the item-level one, and it is the honest one. Without `clusters`
 every item is its own cluster. Ratio metrics (op accuracy = sum |O&P| / sum |O|P| over calls) are
 recomputed as ratios of the resampled sums.
+
+With one conversation there is nothing to resample: every draw is that conversation, so the interval
+would have zero width and look certain. Those results keep the point estimate and carry no interval
+(`ci_low` = `ci_high` = None, `ci` = ONE_CLUSTER); the item-level interval (no `clusters`) stays available.
 """
 import numpy as np
 
 from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
 
 RESAMPLES = 2000
+ONE_CLUSTER = "n/a (one conversation)"   # what a clustered interval over a single cluster prints
 
 
 def _cluster_sums(columns: list[np.ndarray], clusters) -> list[np.ndarray]:
@@ -39,6 +44,18 @@ def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def _one_cluster(clusters, n_clusters: int) -> bool:
+    """Clustering was asked for and all items share one cluster: no interval to give (module doc)."""
+    return clusters is not None and n_clusters == 1
+
+
+def ci_text(r: dict, fmt: str = "+.1f") -> str:
+    """A result's interval as "[low, high]", or why it has none."""
+    if r.get("ci_low") is None or r.get("ci_high") is None:
+        return r.get("ci") or "-"
+    return f"[{r['ci_low']:{fmt}}, {r['ci_high']:{fmt}}]"
+
+
 def paired_bootstrap(a, b, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95, clusters=None) -> dict:
     """Mean of b - a (points, when a and b are 0..1 scores x 100) and its bootstrap interval,
     resampling `clusters` (one label per item) when given."""
@@ -49,19 +66,24 @@ def paired_bootstrap(a, b, resamples: int = RESAMPLES, seed: int = 0, level: flo
         return {"n": 0, "a": None, "b": None, "delta": None, "ci_low": None, "ci_high": None}
     diff = b - a
     sums, counts = _cluster_sums([diff, np.ones_like(diff)], clusters)
+    out = {"n": len(a), "clusters": len(sums), "a": float(a.mean()), "b": float(b.mean()), "delta": float(diff.mean())}
+    if _one_cluster(clusters, len(sums)):
+        return out | {"ci_low": None, "ci_high": None, "ci": ONE_CLUSTER}
     idx = _draws(len(sums), resamples, seed)
     lo, hi = _interval(sums[idx].sum(axis=1) / counts[idx].sum(axis=1), level)
-    return {"n": len(a), "clusters": len(sums), "a": float(a.mean()), "b": float(b.mean()),
-            "delta": float(diff.mean()), "ci_low": lo, "ci_high": hi, "resamples": resamples, "seed": seed}
+    return out | {"ci_low": lo, "ci_high": hi, "resamples": resamples, "seed": seed}
 
 
 def bootstrap_mean(values, resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95,
                    clusters=None) -> tuple | None:
-    """(mean, low, high): the mean of `values` and its percentile-bootstrap interval; None when empty."""
+    """(mean, low, high): the mean of `values` and its percentile-bootstrap interval; None when empty;
+    low and high None when `clusters` holds one cluster (module doc)."""
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1 or len(x) == 0:
         return None
     sums, counts = _cluster_sums([x, np.ones_like(x)], clusters)
+    if _one_cluster(clusters, len(sums)):
+        return float(x.mean()), None, None
     idx = _draws(len(sums), resamples, seed)
     lo, hi = _interval(sums[idx].sum(axis=1) / counts[idx].sum(axis=1), level)
     return float(x.mean()), lo, hi
@@ -79,10 +101,12 @@ def paired_bootstrap_ratio(num_a, den_a, num_b, den_b, resamples: int = RESAMPLE
     ratio = lambda num, den: num.sum(axis=-1) / np.maximum(den.sum(axis=-1), 1e-12)
     a, b = ratio(arrays[0], arrays[1]), ratio(arrays[2], arrays[3])
     sums = _cluster_sums(arrays, clusters)
+    out = {"n": n, "clusters": len(sums[0]), "a": float(a), "b": float(b), "delta": float(b - a)}
+    if _one_cluster(clusters, len(sums[0])):
+        return out | {"ci_low": None, "ci_high": None, "ci": ONE_CLUSTER}
     idx = _draws(len(sums[0]), resamples, seed)
     lo, hi = _interval(ratio(sums[2][idx], sums[3][idx]) - ratio(sums[0][idx], sums[1][idx]), level)
-    return {"n": n, "clusters": len(sums[0]), "a": float(a), "b": float(b), "delta": float(b - a), "ci_low": lo,
-            "ci_high": hi, "resamples": resamples, "seed": seed}
+    return out | {"ci_low": lo, "ci_high": hi, "resamples": resamples, "seed": seed}
 
 
 def compare_reports(a: dict, b: dict, resamples: int = RESAMPLES, seed: int = 0, cluster: bool = True) -> dict:
@@ -113,11 +137,12 @@ def compare_reports(a: dict, b: dict, resamples: int = RESAMPLES, seed: int = 0,
 
 def format_comparison(rows: dict[str, dict], title: str) -> str:
     """One line per metric: a, b, b - a and its 95% interval."""
-    lines = [title, f"{'metric':22} {'a':>7} {'b':>7} {'b - a':>7}  95% CI            n"]
+    w = len(ONE_CLUSTER)
+    lines = [title, f"{'metric':22} {'a':>7} {'b':>7} {'b - a':>7}  {'95% CI':{w}} {'n':>5}"]
     for metric, r in rows.items():
         if r.get("delta") is None:
-            lines.append(f"{metric:22} {'-':>7} {'-':>7} {'-':>7}  -  {r.get('n', 0):>14}")
+            lines.append(f"{metric:22} {'-':>7} {'-':>7} {'-':>7}  {'-':{w}} {r.get('n', 0):>5}")
             continue
-        lines.append(f"{metric:22} {r['a']:7.1f} {r['b']:7.1f} {r['delta']:+7.1f}  [{r['ci_low']:+6.1f}, "
-                     f"{r['ci_high']:+6.1f}] {r['n']:>5}")
+        lines.append(f"{metric:22} {r['a']:7.1f} {r['b']:7.1f} {r['delta']:+7.1f}  {ci_text(r, '+6.1f'):{w}} "
+                     f"{r['n']:>5}")
     return "\n".join(lines)

@@ -179,6 +179,29 @@ def test_memory_r2s_recipe_plans_on_a_cpu_machine(capsys):
     assert "phases: 8 sessions x 10 steps (lam 0.2), 16 sessions x 5 steps (lam 0.2), 32 sessions x 5 steps (lam 0.3)" in out
 
 
+def test_data_seed_draws_another_whole_synthetic_set_for_the_run_s_items():
+    """data.seed reaches the run's conversations (engine/items.py, as eval and train load them): every
+    split is another set, and sample ids (which name the cached banks and facts) never collide."""
+    from types import SimpleNamespace
+
+    from memr1.engine.items import RunItems
+    from memr1.rl.banks import safe_name
+
+    assert load_config(None).data.seed == 0
+    ids = {}
+    for seed in (0, 1):
+        run = SimpleNamespace(cfg=load_config(None, ["data.n=20", f"data.seed={seed}"]))
+        ids[seed] = {split: [c.sample_id for c in RunItems(run, None, None, split).convs]
+                     for split in ("train", "val", "test")}
+    assert [len(ids[1][s]) for s in ("train", "val", "test")] == [16, 2, 2]
+    for split in ("train", "val", "test"):
+        assert len(ids[0][split]) == len(ids[1][split]) and not set(ids[0][split]) & set(ids[1][split])
+        assert all(i.startswith("synth-1-") for i in ids[1][split])
+        assert not {safe_name(i) for i in ids[0][split]} & {safe_name(i) for i in ids[1][split]}
+    with pytest.raises(ConfigError, match="data.seed"):
+        load_config(None, ["data.seed=-1"])
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/run.toml")

@@ -4,7 +4,8 @@ comparisons use."""
 import numpy as np
 import pytest
 
-from memr1.rl.stats import bootstrap_mean, compare_reports, paired_bootstrap, paired_bootstrap_ratio
+from memr1.rl.stats import (ONE_CLUSTER, bootstrap_mean, compare_reports, format_comparison, paired_bootstrap,
+                             paired_bootstrap_ratio)
 
 
 def conversations(effect_sd: float, n_conv: int = 30, per_conv: int = 20, seed: int = 0):
@@ -70,3 +71,46 @@ def test_compare_reports_clusters_by_conversation():
     assert clustered["em"]["clusters"] == 12 and flat["em"]["clusters"] == 96
     assert clustered["em"]["delta"] == pytest.approx(flat["em"]["delta"])
     assert width(clustered["em"]) > width(flat["em"])
+
+
+def test_one_conversation_gives_no_interval_and_says_so():
+    """Resampling one conversation draws it every time: a zero-width interval that looks certain."""
+    a, b = np.zeros(12), np.array([1.0] * 9 + [0.0] * 3)
+    one = ["conv-0"] * 12
+    r = paired_bootstrap(a, b, clusters=one)
+    assert (r["ci_low"], r["ci_high"], r["ci"]) == (None, None, ONE_CLUSTER)
+    assert (r["n"], r["clusters"], r["a"], r["b"]) == (12, 1, 0.0, 0.75) and r["delta"] == pytest.approx(0.75)
+    ratio = paired_bootstrap_ratio(a, np.ones(12), b, np.ones(12), clusters=one)
+    assert (ratio["ci_low"], ratio["ci_high"], ratio["ci"], ratio["clusters"]) == (None, None, ONE_CLUSTER, 1)
+    assert ratio["delta"] == pytest.approx(0.75)
+    assert bootstrap_mean(b, clusters=one) == (0.75, None, None)
+    flat = paired_bootstrap(a, b)   # unclustered: the item-level interval, as before
+    assert 0 < flat["ci_low"] < flat["delta"] < flat["ci_high"] and "ci" not in flat
+    assert bootstrap_mean(b)[1] is not None
+
+
+def test_compare_reports_over_one_conversation_prints_no_interval(tmp_path):
+    from memr1.engine.compare import format_summary
+    from memr1.engine.observe import figures
+    from memr1.engine.observe.report import delta_cells
+
+    rep = lambda scores, hits: {
+        "answers": [{"sample_id": "conv-26", "question": f"q{i}", "em": e, "f1": e, "bleu1": e, "category": 1}
+                    for i, e in enumerate(scores)],
+        "oracle": {"calls": [{"sample_id": "conv-26", "dia_ids": [f"D1:{i}"], "inter": h, "union": 1, "inter_ids": h,
+                              "union_ids": 1} for i, h in enumerate(hits)]}}
+    ra, rb = rep([0, 0, 1, 0, 0, 1], [0, 1, 0, 1]), rep([1, 1, 1, 0, 1, 1], [1, 1, 1, 1])
+    rows = compare_reports(ra, rb)
+    assert set(rows) == {"em", "f1", "bleu1", "op_accuracy", "op_accuracy_ids"}
+    assert {m: (r["ci_low"], r["ci_high"], r["ci"]) for m, r in rows.items()} == dict.fromkeys(
+        rows, (None, None, ONE_CLUSTER)) and rows["em"]["delta"] == pytest.approx(50.0)
+    assert compare_reports(ra, rb, cluster=False)["em"]["ci_low"] is not None
+    text = format_comparison(rows, "b - a")
+    assert text.splitlines()[2].split()[:4] == ["em", "33.3", "83.3", "+50.0"] and ONE_CLUSTER in text
+    summary = {"rows": {}, "comparisons": {"trained - base": rows}}
+    assert f"em +50.0 {ONE_CLUSTER}" in format_summary(summary, "val")
+    # the report's figure of paired differences takes the eval's interval for "overall": no whisker
+    cells = delta_cells(ra, rb, rows, resamples=200)
+    assert cells["em"]["overall"][0] == pytest.approx(50.0) and np.isnan(cells["em"]["overall"][1:]).all()
+    figures.eval_deltas({"trained - base": cells}, tmp_path / "deltas.png")
+    assert (tmp_path / "deltas.png").is_file()

@@ -101,7 +101,8 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
     # bench.learning reads its rows from this run: every stage and metric, each comparison as summarised.
     from memr1.bench.learning import rows_of
     table = {(r["stage"], r["metric"]): r for r in rows_of(run, 0, 1.0)}
-    assert set(table) == {("answer", "em"), ("answer", "f1"), ("manager", "em_fixed_answerer"),
+    assert set(table) == {("answer", "em"), ("answer", "f1"), ("answer", "em_warm_manager_banks"),
+                          ("answer", "f1_warm_manager_banks"), ("manager", "em_fixed_answerer"),
                           ("manager", "f1_fixed_answerer"), ("manager", "op_accuracy"), ("manager", "op_accuracy_seen"),
                           ("manager", "op_accuracy_unseen"), ("manager", "op_accuracy_ids"), ("manager", "parse_failure"),
                           ("manager", "parse_failure_last3"), ("end_to_end", "em"), ("end_to_end", "f1")}
@@ -116,13 +117,13 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
     assert fixed["split"] == "test" and fixed["cluster"] == "conversation"
     from memr1.bench.learning import headline
     head = {h["name"]: h for h in headline(list(table.values()))}
-    rl = head["seed 0: manager em_fixed_answerer, trained manager - warm manager"]
+    rl = head["data seed 0, seed 0: manager em_fixed_answerer, trained manager - warm manager"]
     assert (rl["value"], rl["ci_low"], rl["ci_high"]) == (fixed["rl_delta"], fixed["rl_ci_low"], fixed["rl_ci_high"])
     answer = table[("answer", "em")]
-    assert head["seed 0: answer em, trained answer agent - base answer agent"]["value"] == answer["delta"]
-    control = head["seed 0: answer em, trained answer agent - control answer agent"]
+    assert head["data seed 0, seed 0: answer em, trained answer agent - base answer agent"]["value"] == answer["delta"]
+    control = head["data seed 0, seed 0: answer em, trained answer agent - control answer agent"]
     assert control["value"] == answer["vs_control"] and control["ci_high"] == answer["vs_control_ci_high"]
-    assert len(head) == 3   # no LoCoMo rows
+    assert len(head) == 7   # no LoCoMo rows
 
 
 @pytest.mark.slow
@@ -179,7 +180,7 @@ def test_dry_run_plans_anywhere_and_catches_what_cannot_fit(tiny_model, tmp_path
     assert not fits and "DOES NOT FIT" in text
 
 
-@pytest.mark.parametrize("name", ["default", "locomo_grpo", "locomo_ppo"])
+@pytest.mark.parametrize("name", ["default", "outcome", "locomo_grpo", "locomo_ppo"])
 def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeypatch):
     """Each shipped recipe plans on this machine (even the GPU ones), and its answer budget holds a
     well-formed reply; the LoCoMo recipes are the paper's (128 prompts, EM, temperature 1.0)."""
@@ -212,8 +213,9 @@ def test_bench_learning_headline_takes_each_entry_from_its_row():
             {"stage": "locomo_val", "seed": 1, "metric": "f1", "delta": 6.0, "base": 20.0, "trained": 26.0},
             {"stage": "locomo_val", "seed": 1, "metric": "memories_per_10_turns", "base": 3.0, "trained": 0.5},
             {"stage": "end_to_end", "seed": 1, "metric": "em", "delta": 1.0}]
-    rl, answer, control, f1, memories = headline(rows)
-    assert (rl["value"], rl["ci_low"], rl["ci_high"], rl["met"]) == (4.0, 1.0, 7.0, True)
+    rl, vs_rs, vs_add_all, answer, control, f1, memories = headline(rows)
+    assert (rl["value"], rl["ci_low"], rl["ci_high"], rl["met"]) == (4.0, 1.0, 7.0, False)   # target +10
+    assert vs_rs["value"] is None and vs_add_all["baseline"] == "ADD-every-fact banks"
     assert (rl["ours"], rl["baseline"], rl["unit"]) == ("trained manager", "warm manager", "points")
     assert (answer["value"], answer["ci_low"], answer["target"], answer["met"]) == (12.0, 8.0, 15.0, False)
     assert control["value"] is None and control["target"] is None and control["met"] is None
@@ -248,13 +250,17 @@ def test_bench_learning_reuses_a_seed_only_for_the_same_command_and_config(tmp_p
     learning.main(argv + ["--reuse"])         # a changed config is rerun
     assert len(calls) == 3
     out = json.loads((tmp_path / "o.json").read_text())
-    assert out["phases"]["0"] == {"stage answer": 1.0} and {r["stage"] for r in out["rows"]} == {
+    assert out["phases"]["d0s0"] == {"stage answer": 1.0} and {r["stage"] for r in out["rows"]} == {
         "answer", "manager", "end_to_end"}
     assert '--locomo' not in str(calls[0]) and "eval_split=test" in calls[0]
     # an empty summary: the rows exist with no values, and so does each of their headline entries
-    assert {h["name"] for h in out["headline"]} == {
-        "seed 0: manager em_fixed_answerer, trained manager - warm manager",
-        "seed 0: answer em, trained answer agent - base answer agent",
-        "seed 0: answer em, trained answer agent - control answer agent"}
+    assert {h["name"] for h in out["headline"]} == {f"data seed 0, seed 0: {n}" for n in (
+        "manager em_fixed_answerer, trained manager - warm manager",
+        "manager em_fixed_answerer, trained manager - rejection-sampling manager",
+        "manager em_fixed_answerer, trained manager - ADD-every-fact banks",
+        "answer em, trained answer agent - base answer agent",
+        "answer em, trained answer agent - control answer agent",
+        "answer em_warm_manager_banks, trained answer agent - warm answer agent",
+        "answer em_warm_manager_banks, trained answer agent - rejection-sampling answer agent")}
     assert all(h["value"] is None for h in out["headline"])
     assert {("manager", "em_fixed_answerer"), ("answer", "em")} <= {(r["stage"], r["metric"]) for r in out["rows"]}

@@ -58,10 +58,10 @@ def final_checkpoint(stage_dir) -> Path | None:
 
 def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:
     """role ("manager" / "answer") -> the final checkpoint of its last stage in `stages` that has one
-    (a "<role>_control" stage is a control beside the policy, never the role's policy)."""
+    (a "<role>_control" or "<role>_rs" stage is a control beside the policy, never the role's policy)."""
     out = {}
     for name in stages:
-        if stage_name(name).kind != "control" and (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:
+        if not stage_name(name).baseline and (ckpt := final_checkpoint(Path(run_dir) / name)) is not None:
             out[stage_name(name).role] = ckpt
     return out
 

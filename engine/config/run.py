@@ -35,8 +35,10 @@ from memr1.rl.rewards import RewardConfig
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str | None = None   # a LoCoMo / LongMemEval / MSC file; None (or "") = the built-in synthetic set
-    n: Annotated[int, Meta(ge=1, le=10_000)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test); the set is
-                              # fixed (`memr1 data synth --seed S --out F` writes others, read by path)
+    n: Annotated[int, Meta(ge=1, le=10_000)] = 20  # synthetic conversations (of every 10: 8 train, 1 val, 1 test)
+    # the synthetic set's seed: another seed is another whole set (train, val and test alike), with its own
+    # sample ids (synth-<seed>-<index>), so caches keyed by sample id never mix sets; ignored when `path` is given
+    seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -66,6 +68,11 @@ class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Also score each phase's starting weights before its first step (verl's val_before_train), so a
     # phase whose checkpoints all score below where it began hands its start on; one more validation a phase.
     validate_start: bool = False
+    # The probe curve: every n steps (and before the first), the policy's greedy reward on the last
+    # `probe_items` train items of each RL stage (and its controls), held out of training, so a user
+    # sees whether the policy improves or only its batches got easier. 0: never.
+    probe_every: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    probe_items: Annotated[int, Meta(ge=1, le=1_000_000)] = 64
     # GPU, when generation and training don't fit together: the generator sleeps (vLLM sleep mode)
     # through each learner step and wakes before the weight sync. Needs max_staleness = 0, since a
     # sleeping engine can't roll out the next step meanwhile. A no-op on CPU backends.
@@ -97,7 +104,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     loop: LoopConfig = msgspec.field(default_factory=LoopConfig)
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     profile: ProfileConfig = msgspec.field(default_factory=ProfileConfig)   # torch.profiler traces of chosen steps
-    eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm", "trained", "control" on eval_split
+    eval_after: list[str] = []   # after training, `memr1 eval` of "base", "warm", "trained", "control", "rs" (and
+                                 # "add_all": the trained answer agent on ADD-every-fact banks) on eval_split
     eval_split: str = "val"
     # evaluation (memr1 eval, and eval_after)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
@@ -230,7 +238,7 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
         raise ConfigError(f"{where}: stages: unknown stage(s) {unknown}; use {', '.join(STAGES)}")
     for name in cfg.stages:
         warm = stage_name(name).of("warm")
-        if stage_name(name).kind == "control" and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
+        if stage_name(name).baseline and (warm not in cfg.stages or cfg.stages.index(warm) > cfg.stages.index(name)):
             raise ConfigError(f"{where}: stages: {name} continues {warm}'s checkpoint; list {warm} before it")
     bad = [n for n in cfg.loop.validate_stages if n not in cfg.stages or stage_name(n).supervised]
     if bad:
@@ -239,9 +247,10 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     if cfg.loop.validate_start and not cfg.loop.validate_every:
         raise ConfigError(f"{at('loop.validate_start')}: loop.validate_start scores each phase's start for "
                           f"loop.validate_every's choice of checkpoint; set loop.validate_every too")
-    bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control")]
+    bad = [w for w in cfg.eval_after if w not in ("base", "warm", "trained", "control", "rs", "add_all")]
     if bad:
-        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm', 'trained' and/or 'control'")
+        raise ConfigError(f"{where}: eval_after: unknown {bad}; use 'base', 'warm', 'trained', 'control', 'rs' "
+                          f"and/or 'add_all'")
     if cfg.eval_split not in ("train", "val", "test"):
         raise ConfigError(f"{where}: eval_split must be train, val or test, got {cfg.eval_split!r}")
     for key in ("frozen_answer", "bank_manager"):

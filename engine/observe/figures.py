@@ -49,7 +49,8 @@ def _save(fig: Figure, path: Path, **margins) -> None:
 
 
 def learning_curves(stage: str, rows: list[dict], keys: list[str], path: Path) -> dict:
-    """One panel per metric: the raw values per step (thin) and smoothed; val_<key> as dots."""
+    """One panel per metric: the raw batch values per step (thin) and smoothed; val_<key> as dots;
+    probe_<key> (loop.probe_every: greedy, on fixed train items held out of training) as a line."""
     cols = min(3, len(keys))
     nrows = -(-len(keys) // cols)
     fig = Figure(figsize=(4.2 * cols, 2.6 * nrows))
@@ -64,6 +65,10 @@ def learning_curves(stage: str, rows: list[dict], keys: list[str], path: Path) -
         if len(vx):
             ax.plot(vx, vy, "o", ms=4, color="tab:red", label="val")
             series[f"val_{key}"] = (vx, vy)
+        px, py = column(rows, f"probe_{key}")   # the same held-out train items every time: the policy alone moves it
+        if len(px):
+            ax.plot(px, py, "s-", ms=3, lw=1.2, color="tab:green", label="probe (greedy)")
+            series[f"probe_{key}"] = (px, py)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)

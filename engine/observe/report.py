@@ -30,14 +30,15 @@ class ReportError(ValueError):
 
 def by_stage(rows: list[dict], order: list[str]) -> dict[str, dict]:
     """stage -> {"rows": trained steps (a resumed step's last row wins), "skipped": failed steps,
-    "starts": the validations of a phase's starting weights (loop.validate_start)}."""
+    "starts": the validations (loop.validate_start) and probes (loop.probe_every) of a phase's starting
+    weights}."""
     out: dict[str, dict] = {}
     for r in rows:
         s = out.setdefault(r["stage"], {"steps": {}, "skipped": 0, "starts": {}})
         if r.get("skipped"):
             s["skipped"] += 1
-        elif r.get("phase_start"):
-            s["starts"][r["step"]] = r
+        elif r.get("phase_start"):   # a validation and a probe of the same start share one row
+            s["starts"].setdefault(r["step"], {}).update(r)
         else:
             s["steps"][r["step"]] = r
     names = [n for n in order if n in out] + [n for n in out if n not in order]
@@ -50,8 +51,16 @@ def category_cells(report: dict, resamples: int) -> dict:
     answers = report["answers"]
     groups = {c: [a for a in answers if CATEGORY_NAMES.get(a["category"]) == c] for c in figures.CATEGORIES[:-1]}
     groups["overall"] = answers
-    return {m: {c: bootstrap_mean([100 * a[m] for a in rows], resamples) for c, rows in groups.items()}
+    return {m: {c: _whisker(bootstrap_mean([100 * a[m] for a in rows], resamples)) for c, rows in groups.items()}
             for m in ("f1", "em")}
+
+
+def _whisker(cell: tuple | None) -> tuple | None:
+    """A (value, low, high) cell for the figures, whose whiskers subtract the bounds: a bound that is
+    None (an interval over one conversation, rl/stats.py) becomes NaN, which draws no whisker."""
+    if cell is None:
+        return None
+    return tuple(float("nan") if x is None else x for x in cell)
 
 
 def delta_cells(a: dict, b: dict, overall: dict | None, resamples: int) -> dict:
@@ -66,7 +75,7 @@ def delta_cells(a: dict, b: dict, overall: dict | None, resamples: int) -> dict:
             r = (overall or {}).get(m) if c == "overall" else None   # the eval's own interval
             if r is None:
                 r = paired_bootstrap([100 * x[m] for x, _ in ps], [100 * y[m] for _, y in ps], resamples)
-            out[m][c] = None if r.get("delta") is None else (r["delta"], r["ci_low"], r["ci_high"])
+            out[m][c] = None if r.get("delta") is None else _whisker((r["delta"], r.get("ci_low"), r.get("ci_high")))
     return out
 
 
@@ -147,7 +156,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
         if keys:
             f = f"curves_{name}.png"
             figures.learning_curves(name, s["starts"] + s["rows"], keys, out / f)   # starts: val dots only
-            figs.append((f, f"{name}: {', '.join(keys)} per step, raw (faint) and smoothed; val_* as dots"))
+            figs.append((f, f"{name}: {', '.join(keys)} per step, raw (faint) and smoothed; val_* as dots; "
+                            f"probe_* (greedy, fixed held-out train items) as a green line"))
         if any("ops_add" in r for r in s["rows"]):
             f = f"ops_{name}.png"
             figures.op_mix(name, s["rows"], out / f)
