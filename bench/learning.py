@@ -33,7 +33,8 @@ vs_control = trained - control (RL against as much supervised training on the sa
 trained - rs (RL against rejection sampling on the same rollouts), vs_add_all = the trained manager's
 banks against ADD-every-fact banks under the trained answer agent, each
 with its 95% interval (`*_ci_low`, `*_ci_high`). `minutes` is the run's wall time; the JSON's `phases`
-holds each run's minutes per stage and per eval, and `op_visibility` the share of train items whose
+holds each run's minutes per stage and per eval, `compute` each arm's generated and learner tokens and
+minutes (equal data and compute: rl/algos/rejection.py), and `op_visibility` the share of train items whose
 reward changes with each op kind (rl/op_probe.py, by the run's trained answer agent), both keyed by the
 run's name (d<D>s<S>). The headline, per run, in points with their intervals: HEADLINE below, for the
 rows the run made.
@@ -151,6 +152,25 @@ def rows_of(run: Path, seed: int, minutes: float, data_seed: int = 0) -> list[di
     for m in ("em", "f1"):
         out.append(row("end_to_end", m, {p: get(p, m) for p in policies}, pairs(), comp, seed, minutes))
     return with_data_seed(out, data_seed)
+
+
+def compute_of(run: Path) -> dict:
+    """Per stage (each arm: RL, its controls), what it cost: tokens the policy generated, tokens the
+    frozen answerer generated for its rewards, token positions the learner computed, and the minutes of
+    its steps (probes left out), summed over the steps in metrics.jsonl."""
+    out: dict[str, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("phase_start") or r.get("skipped"):
+            continue
+        c = out.setdefault(r["stage"], {"steps": 0, "generated_tokens": 0, "frozen_tokens": 0,
+                                        "learner_positions": 0, "minutes": 0.0})
+        c["steps"] += 1
+        c["generated_tokens"] += int(r.get("response_tokens", 0)) if r.get("gen_s") else 0
+        c["frozen_tokens"] += int(r.get("frozen_tokens", 0))
+        c["learner_positions"] += int(r.get("positions", 0))
+        c["minutes"] += (r.get("step_s", 0.0) - r.get("probe_s", 0.0)) / 60
+    return {k: {**v, "minutes": round(v["minutes"], 2)} for k, v in out.items()}
 
 
 def locomo_rows(run: Path, seed: int, locomo: Path, minutes: float, data_seed: int = 0) -> tuple[list[dict], dict]:
@@ -304,7 +324,7 @@ def main(argv=None) -> int:
         finished = json.loads(done.read_text())
         rows += rows_of(run, seed, finished["minutes"], data_seed)
         timing[name] = finished["phases"]
-        extras[name] = {}
+        extras[name] = {"compute": compute_of(run)}
         if args.probe_items:
             extras[name]["op_visibility"] = visibility(run, args.probe_items)
         if args.locomo and Path(args.locomo).is_file():

@@ -27,10 +27,10 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store import _core, compaction
-from memr1.memory_store.errors import BankError, BankFormatError, UnknownMemoryId
+from memr1.memory_store.errors import BankError, UnknownMemoryId
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
 from memr1.memory_store.records import (FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, apply_op,
-                                        replay)
+                                        new_bank_id, replay)
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
 from memr1.memory_store.storage import (as_path, leased, lock, new_folder, open_generation, read_manifest, remove_stale,
                                         unlock, write_generation)
@@ -78,7 +78,7 @@ class MemoryBank:
                     dim: int | None = None, config: BankConfig | None = None, **overrides) -> "MemoryBank":
         """Bulk-load rows as one base segment (ids 0..n-1), without logging them op by op."""
         config, vectors, memories = bulk_rows(vectors, texts, speakers, timestamps, dim, config, overrides)
-        manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories))
+        manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories), new_bank_id())
         if path is None:
             return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
         path = new_folder(path, "create a bank at")
@@ -106,11 +106,9 @@ class MemoryBank:
     @classmethod
     def _load(cls, path: Path, manifest: Manifest, fsync: str | None, lock_fd: int | None) -> "MemoryBank":
         config = manifest.config if fsync is None else msgspec.structs.replace(manifest.config, fsync=fsync)
-        gen, writer = manifest.generation, lock_fd is not None
-        segment, log = open_generation(path, manifest, config, writer)
+        writer = lock_fd is not None
+        segment, log = open_generation(path, manifest, config, writer)  # the log's bank and generation checked
         try:
-            if log.generation != gen:
-                raise BankFormatError(f"{path / f'log-{gen}.oplog'} belongs to generation {log.generation}, not {gen}")
             bank = cls._assemble(config, segment, manifest, path, log if writer else None, not writer, lock_fd, writer)
             replay(bank._core, log.payloads(), path)
         except BaseException:
@@ -243,8 +241,8 @@ class MemoryBank:
         path = new_folder(path, "save a bank to")
         core = self._core.fork()  # one state for both reads, whatever other threads apply meanwhile
         memories, vectors = compaction.live_rows(core)
-        write_generation(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories)), vectors,
-                         memories)
+        write_generation(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories),
+                                        new_bank_id()), vectors, memories)
         return MemoryBank.open(path, "rw")
 
     def sync(self) -> None:

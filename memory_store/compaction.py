@@ -30,7 +30,7 @@ import numpy as np
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankIOError
-from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, replay
+from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
 from memr1.memory_store.segment import Segment, memory_segment
 from memr1.memory_store.segment_io import CarriedVectors
 from memr1.memory_store.storage import (commit_generation, discard_generation, open_generation, prepare_generation,
@@ -133,7 +133,7 @@ def build(snap, config: BankConfig, path, previous: Manifest | None, segment: Se
     base_file = path / f"base-{previous.generation}" / "vectors.f32" if on_disk else None
     memories, vectors = live_rows(snap, segment, base_file)
     manifest = Manifest(FORMAT, VERSION, config, previous.generation + 1 if previous else 1, snap.next_id, snap.lsn,
-                        len(memories))
+                        len(memories), previous.bank_id if previous else new_bank_id())
     log = None
     if path is None:
         base = memory_segment(vectors, memories, config)

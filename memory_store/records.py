@@ -1,4 +1,5 @@
 """msgspec types of the bank: what callers pass and get back, the op-log records, the config."""
+import os
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -194,13 +195,21 @@ class Manifest(msgspec.Struct):
     next_id: Annotated[int, Meta(ge=0)]
     lsn: Annotated[int, Meta(ge=0)]
     base_rows: Annotated[int, Meta(ge=0)]
+    # The bank's identity, random at create (and save): each of its op logs carries it in its header, so
+    # a log moved in from another bank is refused. Compactions keep it.
+    bank_id: Annotated[int, Meta(ge=1, le=2**63 - 1)]
     speakers_indexed: list[str] = []
-    # base-<generation>/ file name -> [size, CRC32C], checked at open (version 2; version 1 had none)
+    # base-<generation>/ file name -> [size, CRC32C], checked at open (sizes first)
     files: dict[str, tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=0)]]] = {}
     # speaker -> base rows its HNSW graph does not return, scored exactly on every search (graph.py)
     graph_orphans: dict[str, list[Annotated[int, Meta(ge=0)]]] = {}
 
 
+def new_bank_id() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1 or 1  # 63 bits: msgspec bounds are int64
+
+
 FORMAT = "memr1-bank"
-VERSION = 2
-READS_VERSIONS = (1, 2)
+# 3: op logs name their bank, the manifest's checksum is mandatory. Only this version is read: older banks
+# (whose logs could belong to another bank) are rebuilt by their callers, not opened.
+VERSION = 3

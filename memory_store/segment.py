@@ -186,10 +186,16 @@ def segment_files(speakers_indexed: list[str]) -> list[str]:
 
 
 def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_indexed: list[str]) -> None:
-    """Every file of the segment is there with the size and CRC32C its manifest recorded."""
-    for name in segment_files(speakers_indexed):
+    """Every file of the segment is there with the size and CRC32C its manifest recorded: every size
+    first, so no file is read further than its manifest says it reaches."""
+    names = segment_files(speakers_indexed)
+    for name in names:
         if name not in files:
             raise BankFormatError(f"the manifest of {folder.parent} records no checksum for {folder / name}")
+        size = os.lstat(folder / name).st_size
+        if size != files[name][0]:
+            raise BankFormatError(f"{folder / name} is damaged: {size} bytes, the manifest recorded {files[name][0]}")
+    for name in names:
         want_size, want_crc = files[name]
         size, crc = _core.file_crc32c(str(folder / name))  # BankFormatError when missing
         if (size, crc) != (want_size, want_crc):
@@ -198,9 +204,9 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
-                 files: dict[str, tuple[int, int]] | None, memories: list[Memory] | None = None,
+                 files: dict[str, tuple[int, int]], memories: list[Memory] | None = None,
                  orphans: dict[str, list[int]] | None = None, graphs: dict | None = None, checks: tuple = ()) -> Segment:
-    """Open a segment. `files` None: a version-1 bank, whose segments carry no checksums. `orphans`:
+    """Open a segment. `files`: the manifest's (size, CRC32C) of each file. `orphans`:
     the manifest's rows each graph leaves to exact scans. `memories` and `graphs`:
     its rows and native graphs as the caller just wrote them (compaction, whose write_segment computed
     the checksums from the same bytes), which are then neither checksummed nor read again; `checks`
@@ -211,11 +217,11 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
             path = folder / name
             if not stat.S_ISREG(os.lstat(path).st_mode):
                 raise BankFormatError(f"{path} is not a regular file: the bank is damaged")
-        if files is not None and memories is None:
+        if memories is None:
             verify_segment(folder, files, speakers_indexed)
         path = folder / "records.msgpack"
         if memories is None:
-            memories = _memories.decode(read_regular(path))
+            memories = _memories.decode(read_regular(path, files["records.msgpack"][0]))
         path = folder / "vectors.f32"
         if len(memories) != base_rows:
             raise BankFormatError(f"{folder}/records.msgpack holds {len(memories)} rows, the manifest says {base_rows}")

@@ -36,15 +36,22 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def read_regular(path: Path) -> bytes:
-    """A regular file's bytes, never through a symlink and never waiting on a FIFO."""
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, never through a symlink and never waiting on a FIFO; BankFormatError,
+    before anything is read, when it holds more than `limit` bytes (what the caller knows it may hold)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise BankFormatError(f"{path} is not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        if st.st_size > limit:
+            raise BankFormatError(f"{path} is {st.st_size} bytes, more than the {limit} it may hold: it is damaged")
+        chunks, left = [], limit + 1  # one byte past the limit shows a file that grew meanwhile
+        while left and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
+            left -= len(chunk)
+        if not left:
+            raise BankFormatError(f"{path} grew past the {limit} bytes it may hold while it was read")
         return b"".join(chunks)
     finally:
         os.close(fd)

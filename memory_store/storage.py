@@ -83,7 +83,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
                                                                  before)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
-        _core.OpLog.create(str(log), gen)
+        _core.OpLog.create(str(log), gen, manifest.bank_id)
     except Exception as e:
         discard_generation(path, gen)
         if not isinstance(e, OSError):  # BankIOError is one
@@ -123,9 +123,9 @@ def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable
     gen = manifest.generation
     graphs, checks = built if built is not None else (None, ())
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                           manifest.files if manifest.version >= 2 else None, memories, manifest.graph_orphans,
-                           graphs, checks)
-    return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every)
+                           manifest.files, memories, manifest.graph_orphans, graphs, checks)
+    return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every,
+                                gen, manifest.bank_id)
 
 
 def lock(path: Path) -> int:

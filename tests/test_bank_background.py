@@ -192,7 +192,7 @@ def test_rebased_state_equals_the_state_read_back_from_its_segment():
     segment = memory_segment(vectors, memories, bank.config)
     rebased = snap.rebased(segment.vectors)
     read_back = state_over(bank.config, segment, Manifest(FORMAT, VERSION, bank.config, 1, snap.next_id, snap.lsn,
-                                                          len(memories)))
+                                                          len(memories), 1))
     ids = [m.id for m in memories]
     v = np.random.default_rng(3).standard_normal((4, DIM)).astype(np.float32)
     more = [Update(ids[0], "changed", v[0], sources=("D9:1",)), Delete(ids[1]), Add("new", v[1], "B", "t2"),

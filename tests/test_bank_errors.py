@@ -8,6 +8,7 @@ import pytest
 
 from memr1.memory_store import (Add, BankError, BankFormatError, BankLocked, Delete, InvalidInput, MemoryBank, Noop,
                                 ReadOnlyBank, UnknownMemoryId, Update)
+from memr1.memory_store.manifest import seal
 
 DIM = 8
 
@@ -121,7 +122,8 @@ def test_other_format(tmp_path, bank):
     manifest = bank.path / "MANIFEST.json"
     bank.close()
     raw = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps(dict(raw, format="chroma")))
+    del raw["checksum"]
+    manifest.write_bytes(seal(dict(raw, format="chroma")))
     with pytest.raises(BankFormatError, match="not a memr1 bank"):
         MemoryBank.open(bank.path)
 
@@ -130,7 +132,8 @@ def test_other_version(tmp_path, bank):
     manifest = bank.path / "MANIFEST.json"
     bank.close()
     raw = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps(dict(raw, version=99)))
+    del raw["checksum"]
+    manifest.write_bytes(seal(dict(raw, version=99)))
     with pytest.raises(BankFormatError, match="version 99"):
         MemoryBank.open(bank.path)
 

@@ -16,6 +16,7 @@ import pytest
 from bank_model import op_stream
 from memr1.memory_store import (Add, BankError, BankFormatError, BankIOError, CorruptLog, InvalidInput,
                                 MemoryBank)
+from memr1.memory_store.manifest import read_manifest
 
 DIM = 16
 
@@ -56,21 +57,16 @@ def test_every_single_bit_flip_of_the_manifest_is_refused_or_harmless(tmp_path):
     assert not differ, f"{len(differ)} flips open as a different bank, e.g. bit {differ[0]}"
 
 
-def test_manifest_without_a_checksum_still_opens(tmp_path):
-    # Manifests written before the checksum existed have none.
+def test_manifest_without_a_checksum_is_refused(tmp_path):
     path = tmp_path / "b"
     write_bank(path)
-    want = snapshot(MemoryBank.open(path, "r"))
     manifest = path / "MANIFEST.json"
     raw = json.loads(manifest.read_bytes())
-    assert "checksum" in raw
     del raw["checksum"]
     manifest.write_text(json.dumps(raw))
-    bank = MemoryBank.open(path)
-    assert snapshot(bank) == want
-    bank.compact()  # the next manifest carries one again
-    bank.close()
-    assert "checksum" in json.loads(manifest.read_bytes())
+    for mode in ("r", "rw"):
+        with pytest.raises(BankFormatError, match="carries no checksum"):
+            MemoryBank.open(path, mode)
 
 
 def last_frame(log) -> tuple[int, int]:
@@ -193,7 +189,7 @@ def test_log_ops_from_before_the_bounds_still_replay(tmp_path):
     from memr1.memory_store import _core
     path = tmp_path / "b"
     MemoryBank.create(path, dim=DIM).close()
-    log = _core.OpLog(str(path / "log-0.oplog"), True, 0, 1)
+    log = _core.OpLog(str(path / "log-0.oplog"), True, 0, 1, 0, read_manifest(path).bank_id)
     state = _core.State(DIM, 4096)
     big = np.full(DIM, 1e12, np.float32)
     state.add(log, "m", "s" * 5000, "t" * 1000, big, replay=True)  # as the code before the bounds logged it

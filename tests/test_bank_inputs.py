@@ -9,6 +9,7 @@ import pytest
 
 from memr1.memory_store import (Add, BankConfig, BankError, BankFormatError, Delete, InvalidInput, MemoryBank,
                                 UnknownMemoryId, Update)
+from memr1.memory_store.manifest import seal
 
 DIM = 8
 
@@ -157,7 +158,10 @@ def test_bad_open_and_load_arguments(tmp_path, bank):
 
 # ---- damaged files: (what to do to a closed bank, fragment naming the file) ----
 def edit_manifest(path, **changes):
+    """Change members of a bank's manifest, sealed with a checksum that matches (a damage the checksum
+    does not catch, for the checks after it)."""
     raw = json.loads((path / "MANIFEST.json").read_text())
+    del raw["checksum"]
     for key, value in changes.items():
         if value is ...:
             raw.pop(key)
@@ -165,7 +169,7 @@ def edit_manifest(path, **changes):
             raw["config"].update(value)
         else:
             raw[key] = value
-    (path / "MANIFEST.json").write_text(json.dumps(raw))
+    (path / "MANIFEST.json").write_bytes(seal(raw))
 
 
 def without(name, path):
@@ -226,7 +230,9 @@ def test_lock_that_is_a_folder(bank):
     assert len(MemoryBank.open(bank.path, "r")) == 3  # readers take no lock
 
 
-def test_a_version_1_bank_without_checksums_still_opens(bank):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_bank_of_an_older_version_is_refused(bank, version):
     bank.close()
-    edit_manifest(bank.path, version=1, files=...)
-    assert [m.text for m in MemoryBank.open(bank.path, "r")] == ["fact 0", "fact 1", "fact 2"]
+    edit_manifest(bank.path, version=version, files=...)
+    for mode in ("r", "rw"):
+        check(lambda: MemoryBank.open(bank.path, mode), BankFormatError, [f"version {version}", "reads version 3"])

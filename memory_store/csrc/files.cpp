@@ -29,19 +29,17 @@ int open_file(const std::string& path, int flags, const char* what) {
   }
   return fd;
 }
-// Up to `want` bytes from offset 0; fewer when the file is shorter by now.
-std::vector<uint8_t> read_all(int fd, uint64_t want, const std::string& path) {
-  std::vector<uint8_t> out(want);
+// Up to `n` bytes at `off` into `out`; fewer when the file ends first.
+uint64_t read_at(int fd, uint8_t* out, uint64_t n, uint64_t off, const std::string& path) {
   uint64_t got = 0;
-  while (got < want) {
-    ssize_t n = ::pread(fd, out.data() + got, want - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw IoError(errno, os_error("cannot read", path, errno));
-    if (n == 0) break;
-    got += static_cast<uint64_t>(n);
+  while (got < n) {
+    ssize_t r = ::pread(fd, out + got, n - got, static_cast<off_t>(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw IoError(errno, os_error("cannot read", path, errno));
+    if (r == 0) break;
+    got += static_cast<uint64_t>(r);
   }
-  out.resize(got);
-  return out;
+  return got;
 }
 std::pair<uint64_t, uint32_t> file_crc32c(const std::string& path) {
   int fd = open_file(path, O_RDONLY, "segment file");

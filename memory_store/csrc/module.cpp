@@ -147,11 +147,13 @@ PYBIND11_MODULE(_core, m) {
   py::class_<OpLog, RecordSink>(m, "OpLog")
       // Opening scans and checksums the whole log. The OpLog methods that release the GIL (open, sync,
       // put_batch, close) are called by one thread at a time: MemoryBank's writer lock.
-      .def(py::init([](const std::string& path, bool writable, int sync, int64_t sync_every) {
+      .def(py::init([](const std::string& path, bool writable, int sync, int64_t sync_every, uint64_t generation,
+                       uint64_t bank) {
              py::gil_scoped_release nogil;
-             return std::make_unique<OpLog>(path, writable, sync, sync_every);
-           }), py::arg("path"), py::arg("writable"), py::arg("sync"), py::arg("sync_every"))
-      .def_static("create", &OpLog::create, py::arg("path"), py::arg("generation"))
+             return std::make_unique<OpLog>(path, writable, sync, sync_every, generation, bank);
+           }), py::arg("path"), py::arg("writable"), py::arg("sync"), py::arg("sync_every"), py::arg("generation"),
+           py::arg("bank"))
+      .def_static("create", &OpLog::create, py::arg("path"), py::arg("generation"), py::arg("bank"))
       .def("payloads", [](const OpLog& log) {  // zero-copy views, valid until close()
         py::list out;
         for (auto [off, len] : log.records())
