@@ -20,13 +20,12 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from memr1.engine.config.run import LoopConfig
 from memr1.engine.generation.locked import LockedGenerator
 from memr1.engine.generation.weights import push_weights
-from memr1.rl.records import Rollout
+from memr1.rl.records import Rollout, RolloutFailure
 from memr1.rl.spans import span
 
 
@@ -41,20 +40,6 @@ class Learner(Protocol):
     def train_step(self, batch) -> dict: ...
     def export_weights(self): ...   # (name, tensor) pairs, see generation.weights.push_weights
     def weight_manifest(self) -> dict: ...
-
-
-@dataclass
-class RolloutFailure:
-    step: int
-    error: BaseException | None     # None once it has crossed ranks (exceptions may not pickle)
-    trace: str
-    what: str = ""                  # "ValueError: ...": what the message shows, also from another rank
-    rank: int | None = None         # the rank it failed on, under data parallelism
-    fatal: bool = False             # the producer itself died: stop even with on_rollout_error="skip"
-
-    def __post_init__(self):
-        if not self.what and self.error is not None:
-            self.what = f"{type(self.error).__name__}: {self.error}"
 
 
 def alone(item, step: int):

@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 
 from memr1.engine.checkpoints.files import CheckpointError, best_step, prune
+from memr1.engine.checkpoints import io as checkpoint
 from memr1.engine.checkpoints.io import final_checkpoint
 from memr1.engine.checkpoints.resume import check_resume_config, resume_points, state_step
 from memr1.engine.config.errors import ConfigError
@@ -139,14 +140,14 @@ def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, sw
     learner = Learner(run.learner(name), str(start_model), lr=s.lr, temperature=run.temperature(name), seed=run.seed)
     start = 0
     if ckpt is not None:  # resume: same data order (items are picked by step), same weights
-        start = int(learner.load_checkpoint(str(ckpt))["step"])
+        start = int(checkpoint.load(learner, str(ckpt))["step"])
         if run.rank == 0:
             print(f"resuming {name} from {ckpt} at step {start}")
     push_weights(learner, policy, start)  # the engine may still hold the previous stage's policy
     log = RunLog(run.run_dir, name, s.steps, start) if run.rank == 0 else None
 
     def save(step: int) -> None:
-        learner.save_checkpoint(str(stage_dir), step, {"step": step}, model_dir=str(start_model))
+        checkpoint.save(learner, str(stage_dir), step, {"step": step}, model_dir=str(start_model))
         if run.rank == 0:
             prune(stage_dir, cfg.checkpoint.keep_last, step)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from memr1.engine.checkpoints import io as checkpoint
 from memr1.engine.config.stages import stage_name
 from memr1.engine.generation.weights import push_weights
 from memr1.engine.training.dist import reduce_metrics
@@ -52,7 +53,7 @@ def hand_on(run, stage_dir: Path, phase: int, begin: int, learner, policy, say=p
         say(f"stage manager_episode: phase {phase} not started: the best checkpoint of phase {phase - 1} "
             f"(step {best['step']}) misses {miss:.3f} of the evidence, above episode.max_evidence_miss={gate}")
         return False
-    learner.load_checkpoint(str(stage_dir / "checkpoints" / f"step_{best['step']}"))
+    checkpoint.load(learner, str(stage_dir / "checkpoints" / f"step_{best['step']}"))
     learner.step = learner.version = begin   # the loop's counters go on from the phase's first step
     push_weights(learner, policy, begin)
     say(f"stage manager_episode: phase {phase} starts from step {best['step']}, the best of phase {phase - 1}")

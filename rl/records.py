@@ -106,3 +106,19 @@ class Rollout:
     samples: list[Sample] = field(default_factory=list)  # one per completion (what `memr1 rollout` keeps)
     step: int = -1                 # the loop step it belongs to (set by the loop)
     weight_version: int = -1       # the generator's weights when it was sampled (set by the loop)
+
+
+@dataclass
+class RolloutFailure:
+    """A rollout that raised instead of returning: the loop queues it in the rollout's place, and under
+    data parallelism the ranks agree on it (engine/training/dist.py) before the loop handles it."""
+    step: int
+    error: BaseException | None     # None once it has crossed ranks (exceptions may not pickle)
+    trace: str
+    what: str = ""                  # "ValueError: ...": what the message shows, also from another rank
+    rank: int | None = None         # the rank it failed on, under data parallelism
+    fatal: bool = False             # the producer itself died: stop even with on_rollout_error="skip"
+
+    def __post_init__(self):
+        if not self.what and self.error is not None:
+            self.what = f"{type(self.error).__name__}: {self.error}"

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from memr1.engine.checkpoints import io as checkpoint
 from memr1.engine.generation.weights import ManifestStream, checkpoint_manifest
 from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.learner import Learner
@@ -43,9 +44,9 @@ def _worker(rank, world, port, path, out):
     exported = dict(checked)
     checked.raise_if_broken()
     assert list(lrn.weight_manifest().items()) == [(k, tuple(v.shape)) for k, v in exported.items()]
-    ckpt = lrn.save_checkpoint(out, STEPS, {"cursor": STEPS})
+    ckpt = checkpoint.save(lrn, out, STEPS, {"cursor": STEPS})
     lrn.step = 0
-    assert lrn.load_checkpoint(ckpt)["data"] == {"cursor": STEPS} and lrn.step == STEPS  # sharded load
+    assert checkpoint.load(lrn, ckpt)["data"] == {"cursor": STEPS} and lrn.step == STEPS  # sharded load
     reloaded = dict(lrn.export_weights())
     assert all(torch.equal(reloaded[k], exported[k]) for k in exported)
     if rank == 0:
@@ -77,5 +78,5 @@ def test_two_gloo_ranks_match_single_process(tiny, tmp_path):  # noqa: F811
     lm = AutoModelForCausalLM.from_pretrained(result["ckpt"])
     assert all(torch.allclose(p, ref[k], atol=1e-5) for k, p in lm.named_parameters())
     resumed = learner(tiny)
-    assert resumed.load_checkpoint(result["ckpt"])["data"] == {"cursor": STEPS}  # written by 2 ranks, read by 1
+    assert checkpoint.load(resumed, result["ckpt"])["data"] == {"cursor": STEPS}  # written by 2 ranks, read by 1
     assert resumed.step == STEPS

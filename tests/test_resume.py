@@ -40,7 +40,7 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):  # noqa: F811
 
     first = config(tiny)
     head = run(first, range(3))
-    path = first.save_checkpoint(str(tmp_path), 3, {"cursor": 3, "epoch": 0})
+    path = checkpoint.save(first, str(tmp_path), 3, {"cursor": 3, "epoch": 0})
     assert os.path.basename(path) == "step_3"
     assert sorted(os.listdir(path)) == ["config.json", "manifest.json", "model.safetensors", "optimizer.pt",
                                        "rng_rank0.pt", "scheduler.pt", "state.json"]
@@ -48,7 +48,7 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):  # noqa: F811
     random.seed(7)
     np.random.seed(7)
     fresh = config(tiny)
-    assert fresh.load_checkpoint(path)["data"] == {"cursor": 3, "epoch": 0}
+    assert checkpoint.load(fresh, path)["data"] == {"cursor": 3, "epoch": 0}
     assert fresh.step == 3 and fresh.version == 3
     tail = run(fresh, range(3, 6))
     for (a_loss, a_lr, *a_rng), (b_loss, b_lr, *b_rng) in zip(straight, head + tail):
@@ -62,19 +62,19 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):  # noqa: F811
 def test_kill_mid_save_keeps_previous_checkpoint(tiny, tmp_path, monkeypatch):  # noqa: F811
     learner = config(tiny)
     run(learner, range(1))
-    good = learner.save_checkpoint(str(tmp_path), 1)
+    good = checkpoint.save(learner, str(tmp_path), 1)
     run(learner, range(1, 2))
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed while writing")
     monkeypatch.setattr(checkpoint, "save_file", killed)
     with pytest.raises(KeyboardInterrupt):
-        learner.save_checkpoint(str(tmp_path), 2)
+        checkpoint.save(learner, str(tmp_path), 2)
     names = sorted(os.listdir(tmp_path / "checkpoints"))
     assert names == ["step_1", "step_2.tmp"]  # no half-written step_2
     monkeypatch.undo()
-    config(tiny).load_checkpoint(good)  # the previous one is intact
-    assert os.path.isdir(learner.save_checkpoint(str(tmp_path), 2))  # a retry replaces the debris
+    checkpoint.load(config(tiny), good)  # the previous one is intact
+    assert os.path.isdir(checkpoint.save(learner, str(tmp_path), 2))  # a retry replaces the debris
 
 
 def test_checkpoint_from_another_model_is_rejected(tiny, tmp_path):  # noqa: F811
@@ -84,11 +84,11 @@ def test_checkpoint_from_another_model_is_rejected(tiny, tmp_path):  # noqa: F81
     other_path = tmp_path / "other"
     LlamaForCausalLM(other).save_pretrained(other_path)
     learner = Learner(LearnerConfig(), str(other_path), lr=1e-3)
-    ckpt = learner.save_checkpoint(str(tmp_path), 0)
+    ckpt = checkpoint.save(learner, str(tmp_path), 0)
     with pytest.raises(ValueError, match="different model: hidden_size"):
-        config(tiny).load_checkpoint(ckpt)
+        checkpoint.load(config(tiny), ckpt)
     with pytest.raises(ValueError, match="no config.json"):
-        config(tiny).load_checkpoint(str(tmp_path))
+        checkpoint.load(config(tiny), str(tmp_path))
 
 
 def test_a_checkpoint_is_a_self_contained_model_folder(tmp_path):
@@ -98,7 +98,7 @@ def test_a_checkpoint_is_a_self_contained_model_folder(tmp_path):
     from tiny_model import tiny_llama
     model = tiny_llama(tmp_path / "model")
     learner = Learner(LearnerConfig(), str(model), lr=1e-3)
-    path = learner.save_checkpoint(str(tmp_path / "run"), 5, {"step": 5}, model_dir=str(model))
+    path = checkpoint.save(learner, str(tmp_path / "run"), 5, {"step": 5}, model_dir=str(model))
     tok = AutoTokenizer.from_pretrained(path)
     lm = AutoModelForCausalLM.from_pretrained(path)
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt")
@@ -117,9 +117,9 @@ def test_a_crafted_checkpoint_cannot_run_code(tiny, tmp_path, name, monkeypatch)
     monkeypatch.chdir(tmp_path)
     learner = config(tiny)
     run(learner, range(1))
-    path = learner.save_checkpoint(str(tmp_path), 1)
+    path = checkpoint.save(learner, str(tmp_path), 1)
     with open(os.path.join(path, name), "wb") as f:
         pickle.dump({"state": Boom()}, f)
     with pytest.raises(pickle.UnpicklingError):
-        config(tiny).load_checkpoint(path)
+        checkpoint.load(config(tiny), path)
     assert not (tmp_path / "pwned").exists()

@@ -40,7 +40,8 @@ def test_a_phase_whose_steps_all_score_below_its_start_hands_its_start_on(tmp_pa
     assert best(tmp_path) == {"step": 0, "score": 0.6, "metric": "reward_em", "phase": 0, "evidence_miss": 0.0,
                               "start": True}
     loaded = []
-    learner = SimpleNamespace(load_checkpoint=loaded.append, step=10, version=10)
+    learner = SimpleNamespace(step=10, version=10)
+    monkeypatch.setattr(validation, "checkpoint", SimpleNamespace(load=lambda lrn, path: loaded.append(path)))
     monkeypatch.setattr(validation, "push_weights", lambda *a: None)
     assert validation.hand_on(run, tmp_path, 1, 10, learner, None, say=lambda *a: None)
     assert loaded == [str(tmp_path / "checkpoints" / "step_0")]   # the phase's start, not its last step

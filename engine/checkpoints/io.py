@@ -99,9 +99,10 @@ def copy_model_files(src: str, dst: str) -> None:
                 shutil.copy2(f, os.path.join(dst, f.name))
 
 
-def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = "") -> str:
-    """Write `stage_dir/checkpoints/step_<step>/` from `learner.state_dict()`; `model_dir` lends its
-    tokenizer and generation files."""
+def save(learner, stage_dir: str, step: int, data_state: dict | None = None, model_dir: str = "") -> str:
+    """Write `stage_dir/checkpoints/step_<step>/` from `learner.state_dict()`, named by the caller's (the
+    loop's) step; `data_state` is handed back by load(); `model_dir` lends its tokenizer and generation
+    files."""
     rank = learner.rank
     final = os.path.join(stage_dir, "checkpoints", f"step_{step}")
     tmp = final + ".tmp"
@@ -122,7 +123,7 @@ def save(learner, stage_dir: str, step: int, data_state: dict, model_dir: str = 
             torch.save(sd["critic"], os.path.join(tmp, "critic.pt"))
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump({"step": step, "learner_step": sd["step"], "weight_version": sd["version"],
-                       "world_size": learner.world, "data": data_state}, f)
+                       "world_size": learner.world, "data": data_state or {}}, f)
     learner.barrier()
     if rank == 0:
         write_manifest(tmp, step)   # last, so it lists every rank's files

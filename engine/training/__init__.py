@@ -4,6 +4,6 @@ Owns: learner.py (the step, its state_dict), config.py (LearnerConfig; no torch)
 learner's state as full tensors), policy.py (the models, optimizer, LR schedule), batching.py
 (token-budget micro-batches), prefix_attention.py (the rows layout's attention) and dist.py (process
 group, FSDP2 wrapping, the loop's cross-rank agreement).
-May import: rl/, kernels/, observe/. Two calls reach up, inside the function: Learner.save_checkpoint
-and load_checkpoint use checkpoints/io.py, and dist.agree_rollouts builds loop.py's RolloutFailure.
+May import: rl/, kernels/, observe/, nothing above: checkpoints/io.py saves and loads a learner (the
+stage driver calls it), and the loop's RolloutFailure is a record of rl/.
 """

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from memr1.rl.records import RolloutFailure
+
 
 @dataclass
 class Dist:
@@ -140,8 +142,6 @@ def agree_rollouts(item, step: int, rank: int | None = None, world: int | None =
     (None), else fail if any rank failed (the lowest failing rank's failure, fatal if any was), else
     train, with the rollout metrics reduced over ranks for the log. Runs in the learner thread, like
     every other collective. `reduce` is the all-reduce (a stand-in in tests)."""
-    from memr1.engine.loop import RolloutFailure
-
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     failed = isinstance(item, RolloutFailure)

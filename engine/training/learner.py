@@ -287,14 +287,3 @@ class Learner:
                 t = dist_utils.full_tensor(p.detach())
             yield name, t
             del t
-
-    # -- checkpoints -------------------------------------------------------------------------------------
-    def save_checkpoint(self, stage_dir: str, step: int, data_state: dict | None = None, model_dir: str = "") -> str:
-        """`checkpoints/step_<step>/` under `stage_dir`, named by the caller's (the loop's) step.
-        `model_dir`: where tokenizer files and the generation config come from (see checkpoint.save)."""
-        from memr1.engine.checkpoints import io as checkpoint
-        return checkpoint.save(self, stage_dir, step, data_state or {}, model_dir)
-
-    def load_checkpoint(self, path: str) -> dict:
-        from memr1.engine.checkpoints import io as checkpoint
-        return checkpoint.load(self, path)

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.rl.data.errors import DataError
+from memr1.rl.data.oracle import check_oracle
+
 CATEGORY_NAMES = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
 SPLITS = ("train", "val", "test")
 # Memory-R1's split of locomo10: one conversation to train, one to validate, the other eight to test.
 MEMORY_R1_SPLIT = {"conv-26": "train", "conv-30": "val"}
-
-
-class DataError(ValueError):
-    """A data file is malformed; the message names the file, the item and the field."""
 
 
 class Turn(msgspec.Struct, frozen=True):
@@ -165,7 +164,6 @@ def parse_conversation(raw: dict, where: str = "conversation") -> Conversation:
     split = raw.get("memr1_split", split_of(sample_id))
     if split not in SPLITS:
         raise DataError(f"{where}: memr1_split {split!r} is not one of {SPLITS}")
-    from memr1.rl.data.oracle import check_oracle
     oracle = check_oracle(raw.get("memr1_oracle"), {t.dia_id for s in sessions for t in s.turns}, where)
     return Conversation(sample_id=sample_id, speaker_a=_need(conv, "speaker_a", str, where),
                         speaker_b=_need(conv, "speaker_b", str, where), sessions=sessions, qa=qa,

@@ -5,6 +5,8 @@ from typing import Literal
 
 import msgspec
 
+from memr1.rl.data.errors import DataError
+
 
 class OracleEvent(msgspec.Struct, frozen=True):
     dia_id: str
@@ -22,9 +24,6 @@ class Oracle(msgspec.Struct, frozen=True):
 
 def check_oracle(raw, turn_ids: set[str], where: str):
     """`raw` (the JSON value) when it is a well-formed oracle of these turns, else a DataError."""
-    from memr1.rl.data.locomo import DataError
-    from memr1.rl.data.synthetic import apply_oracle
-
     if raw is None:
         return None
     try:
@@ -42,3 +41,24 @@ def check_oracle(raw, turn_ids: set[str], where: str):
     except ValueError as e:
         raise DataError(f"{where}: memr1_oracle: {e}") from None
     return raw
+
+
+def apply_oracle(timeline: list[dict]) -> dict[str, str]:
+    """Replay the oracle ops on a plain dict (slot -> text), checking each op is legal."""
+    state: dict[str, str] = {}
+    for e in timeline:
+        slot, event, old = e["slot"], e["event"], e.get("old_memory")
+        if event == "ADD":
+            if slot in state:
+                raise ValueError(f"{e['dia_id']}: ADD to occupied slot {slot}")
+            state[slot] = e["memory"]
+        elif event in ("UPDATE", "DELETE", "NONE"):
+            if state.get(slot) != old:
+                raise ValueError(f"{e['dia_id']}: {event} expects {old!r} in {slot}, found {state.get(slot)!r}")
+            if event == "UPDATE":
+                state[slot] = e["memory"]
+            elif event == "DELETE":
+                del state[slot]
+        else:
+            raise ValueError(f"{e['dia_id']}: unknown event {event!r}")
+    return state

@@ -249,27 +249,6 @@ def call_ops(timeline: list[dict], dia_ids) -> list[dict]:
     return sorted([*existing.values(), *adds.values()], key=lambda op: last[id(op)])
 
 
-def apply_oracle(timeline: list[dict]) -> dict[str, str]:
-    """Replay the oracle ops on a plain dict (slot -> text), checking each op is legal."""
-    state: dict[str, str] = {}
-    for e in timeline:
-        slot, event, old = e["slot"], e["event"], e.get("old_memory")
-        if event == "ADD":
-            if slot in state:
-                raise ValueError(f"{e['dia_id']}: ADD to occupied slot {slot}")
-            state[slot] = e["memory"]
-        elif event in ("UPDATE", "DELETE", "NONE"):
-            if state.get(slot) != old:
-                raise ValueError(f"{e['dia_id']}: {event} expects {old!r} in {slot}, found {state.get(slot)!r}")
-            if event == "UPDATE":
-                state[slot] = e["memory"]
-            elif event == "DELETE":
-                del state[slot]
-        else:
-            raise ValueError(f"{e['dia_id']}: unknown event {event!r}")
-    return state
-
-
 def synth_cli(args) -> int:
     """`memr1 data synth --out PATH [--conversations N --seed S]`."""
     out = Path(args.out)
