@@ -1,0 +1,103 @@
+"""The manager's headroom: how much better an answer agent does on the oracle's banks than on banks
+that ADD every fact, under the same reader, beside the banks the learned managers built. If memory
+operations cannot beat ADD-every-fact by much even when they are perfect, RL on them has little to find.
+
+    python -m memr1.bench.headroom RUN_DIR [RUN_DIR ...] --json PATH
+
+Each RUN_DIR is a finished `memr1 train` run with `"add_all"` in eval_after and both roles trained, such
+as the runs `bench.learning` leaves (`d<D>s<S>`). The reader is the run's trained answer agent; per run,
+one row per metric with a column per bank source:
+  oracle      the synthetic oracle's banks (perfect operations)
+  add_all     every fact ADDed, nothing updated or deleted
+  warm        the format-start (or warm-start) manager's banks
+  control     the manager's SFT control (oracle labels on the RL stage's prompts), when the run has one
+  rs          the manager's rejection-sampling control, when the run has one
+  trained     the RL-trained manager's banks
+and `headroom` = oracle - add_all, paired over questions, with its 95% interval resampling
+conversations (rl/stats.py). RULE is the decision this table settles, fixed before the runs it reads:
+the headline says, per run, whether the rule's "no headroom" condition holds.
+"""
+import argparse
+import json
+import tomllib
+from pathlib import Path
+
+from memr1.bench.common import headline_entry, print_table, write_json
+from memr1.rl.stats import compare_reports
+
+RULE = ("If, under the better reader, the oracle's banks beat ADD-every-fact banks by less than 2 EM points "
+        "with a 95% interval (conversations resampled) that includes 0, at both data seeds, then on this task "
+        "memory operations have no headroom for RL, and the call-level manager target is retired.")
+THRESHOLD = 2.0
+# column -> the eval report (eval/<split>.<label>.json) of the run's trained answer agent on those banks
+SOURCES = {"oracle": "trained.oracle_banks", "add_all": "trained_answer.add_all_manager",
+           "warm": "trained_answer.warm_manager", "control": "trained_answer.control_manager",
+           "rs": "trained_answer.rs_manager", "trained": "trained"}
+COLUMNS = ["run", "data_seed", "reader", "metric", *SOURCES, "headroom", "ci_low", "ci_high", "n", "no_headroom"]
+
+
+def run_config(run: Path) -> dict:
+    """The run's config as run (config.toml, overrides applied)."""
+    path = run / "config.toml"
+    if not path.is_file():
+        raise SystemExit(f"{run}: no config.toml: not a memr1 train run")
+    return tomllib.loads(path.read_text())
+
+
+def reports(run: Path, split: str) -> dict[str, dict]:
+    """source -> eval report of a finished run; SystemExit naming what is missing."""
+    out = {}
+    for col, label in SOURCES.items():
+        path = run / "eval" / f"{split}.{label}.json"
+        if path.is_file():
+            out[col] = json.loads(path.read_text())
+    for need in ("oracle", "add_all"):
+        if need not in out:
+            raise SystemExit(f"{run}: no eval/{split}.{SOURCES[need]}.json: the run needs \"add_all\" in eval_after, "
+                             f"synthetic data and both roles trained")
+    return out
+
+
+def rows_of(run: Path, resamples: int = 2000, seed: int = 0) -> list[dict]:
+    cfg = run_config(run)
+    split, data_seed = cfg.get("eval_split", "test"), cfg.get("data", {}).get("seed")
+    rep = reports(run, split)
+    comp = compare_reports(rep["add_all"], rep["oracle"], resamples, seed)
+    out = []
+    for metric in ("em", "f1"):
+        c = comp[metric]
+        no = c["delta"] < THRESHOLD and c["ci_low"] is not None and c["ci_low"] <= 0 <= c["ci_high"]
+        out.append({"run": run.name, "data_seed": data_seed, "reader": "trained answer agent", "metric": metric,
+                    **{col: rep[col]["metrics"]["overall"][metric] if col in rep else None for col in SOURCES},
+                    "headroom": c["delta"], "ci_low": c["ci_low"], "ci_high": c["ci_high"], "n": c["n"],
+                    "split": split, "no_headroom": bool(no)})
+    return out
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    em = [r for r in rows if r["metric"] == "em"]
+    out = [headline_entry(f"{r['run']}: oracle banks - ADD-every-fact banks (EM, trained answer agent)", r["headroom"],
+                          "oracle banks", "ADD-every-fact banks", "EM points the oracle's operations add over "
+                          "ADDing every fact, under the run's trained answer agent", unit="points",
+                          ci_low=r["ci_low"], ci_high=r["ci_high"], data_seed=r["data_seed"]) for r in em]
+    seeds = {r["data_seed"] for r in em}
+    holds = len(seeds) >= 2 and all(r["no_headroom"] for r in em)
+    out.append(headline_entry("the headroom rule's no-headroom condition, at every data seed", float(holds),
+                              "rule holds (1)", "rule fails (0)", RULE, unit="share", data_seeds=sorted(seeds)))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="finished memr1 train run folders")
+    p.add_argument("--json", required=True)
+    p.add_argument("--resamples", type=int, default=2000)
+    args = p.parse_args(argv)
+    rows = [r for run in args.runs for r in rows_of(Path(run), args.resamples)]
+    print_table(rows, COLUMNS)
+    write_json(args.json, "headroom", rows, headline=headline(rows), rule=RULE)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
