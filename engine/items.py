@@ -21,7 +21,8 @@ from memr1.rl.banks import run_manager, safe_name
 from memr1.rl.data import load_conversations
 from memr1.rl.facts import facts_for, oracle_facts
 from memr1.rl.items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
-                            oracle_bank, oracle_banks, step_items)
+                            mixed_answer_items, oracle_bank, oracle_banks, step_items)
+from memr1.rl.rag import fact_bank
 from memr1.rl.turns import manager_turns
 
 FORMAT_POOL_CONVERSATIONS = 10   # of the format pool's synthetic set: its 8 train conversations hold
@@ -129,22 +130,28 @@ class RunItems:
         return {k: builds[h.sample_id].bank if h.sample_id in builds else stand_in for k, (h, _) in histories.items()}
 
     def answer(self, stage: str, manager: Path | None, probe: bool = False) -> list:
-        """Answer items on the oracle's banks, or on banks built by `manager` (the run's latest);
+        """Answer items on the banks `items.answer_banks` names (warm starts: the oracle's): the oracle's,
+        banks built by `manager` (the run's latest), or the oracle's and ADD-every-fact banks alternately;
         `probe`: the items held out of training for the probe curve (`carve`)."""
-        oracle = stage_name(stage).kind == "warm" or self.cfg.items.answer_banks == "oracle"
-        key = ("answer", "oracle" if oracle else str(manager))
+        source = "oracle" if stage_name(stage).kind == "warm" else self.cfg.items.answer_banks
+        key = ("answer", str(manager) if source == "manager" else source)
         if key not in self._memo:
-            if oracle:
-                banks = {c.sample_id: oracle_bank(None, c, self.embedder) for c in self.convs}
+            oracle = lambda: {c.sample_id: oracle_bank(None, c, self.embedder) for c in self.convs}
+            if source == "oracle":
+                items = answer_items(self.convs, oracle(), self.run.seed)
+            elif source == "mix":
+                facts = self.facts()
+                add_all = {c.sample_id: fact_bank(c.turns(), facts[c.sample_id], self.embedder) for c in self.convs}
+                items = mixed_answer_items(self.convs, oracle(), add_all, self.run.seed)
             else:
                 items = answer_items(self.convs, {c.sample_id: None for c in self.convs}, self.run.seed)
                 needed = {it.conversation for it in self.wanted(items, stage)}
                 convs = [c for c in self.convs if c.sample_id in needed]
                 builds = self.build(convs, self.facts(), manager, self.run.run_dir / "answer" / "banks", "answer banks")
                 stand_in = MemoryBank.create(None, dim=self.embedder.dim)  # another rank's: never drawn here
-                banks = {c.sample_id: builds[c.sample_id].bank if c.sample_id in builds else stand_in
-                         for c in self.convs}
-            self._memo[key] = answer_items(self.convs, banks, self.run.seed)
+                items = answer_items(self.convs, {c.sample_id: builds[c.sample_id].bank if c.sample_id in builds
+                                                  else stand_in for c in self.convs}, self.run.seed)
+            self._memo[key] = items
         return self.carve(self._memo[key], stage)[probe]
 
     def format_pool(self, role: str, pool_seed: int | None, examples: int) -> tuple[list, dict]:

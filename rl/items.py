@@ -41,8 +41,10 @@ from memr1.rl.data.locomo import QA, Conversation, Session
 class ItemsConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     bank_pipeline: Literal["oracle", "manager"] = "manager"  # stage-1 banks (see the module doc)
     window_turns: Annotated[int, Meta(ge=0, le=1_000_000)] = 50   # "manager": the bank is built from this many preceding turns
-    answer_banks: Literal["oracle", "manager"] = "manager"   # the answer stage's banks: the synthetic
-                                    # oracle's, or built by the run's latest manager (the paper's stage 2)
+    answer_banks: Literal["oracle", "manager", "mix"] = "manager"   # the answer stage's banks: the synthetic
+                                    # oracle's, built by the run's latest manager (the paper's stage 2), or
+                                    # "mix": every other item on the oracle's banks, the rest on banks that
+                                    # ADD every fact, so the reader has seen stale copies beside clean banks
     max_questions_per_item: Annotated[int, Meta(ge=1, le=10_000)] = 2   # decided questions per item
     guard_questions: Annotated[int, Meta(ge=0, le=10_000)] = 2   # per item, with the oracle pipeline (module doc); the
                                     # paper does not say which questions score a call: ours are the ones it can change
@@ -243,6 +245,14 @@ def answer_items(conversations: list[Conversation], banks: dict[str, MemoryBank]
            for c in conversations if c.sample_id in banks for qa in c.qa]
     random.Random(seed).shuffle(out)
     return out
+
+
+def mixed_answer_items(conversations: list[Conversation], first: dict[str, MemoryBank], second: dict[str, MemoryBank],
+                       seed: int) -> list[AnswerItem]:
+    """answer_items' questions in its order, alternately on `first`'s and `second`'s bank of their
+    conversation: each question once, half of them (and of each conversation's, give or take one) on each."""
+    a, b = answer_items(conversations, first, seed), answer_items(conversations, second, seed)
+    return [x if i % 2 == 0 else y for i, (x, y) in enumerate(zip(a, b))]
 
 
 def step_items(items: list, step: int, per_step: int, rank: int = 0, world: int = 1) -> list:

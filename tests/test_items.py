@@ -12,8 +12,8 @@ from memr1.rl.banks import stream_groups
 from memr1.rl.facts import oracle_facts
 from memr1.rl.data import load_conversations
 from memr1.rl.items import (CallSpec, CallStats, ItemsConfig, ManagerItem, dead_items, history_conversation,
-                            in_history, live_questions, manager_calls, manager_items, oracle_bank, oracle_banks,
-                            step_items)
+                            in_history, live_questions, manager_calls, manager_items, mixed_answer_items, oracle_bank,
+                            oracle_banks, step_items)
 from memr1.rl.turns import manager_turns
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_train_val.json"
@@ -140,3 +140,43 @@ def test_rank_shares_partition_each_step():
         assert step_items(items, step, 4, 0, 2) + step_items(items, step, 4, 1, 2) == whole
     with pytest.raises(ValueError, match="no training items"):
         step_items([], 0, 4)
+
+
+def test_mixed_answer_items_put_each_question_once_on_alternate_banks():
+    """items.answer_banks = "mix": every question of answer_items, in its order, once; half on each
+    source's bank, and each conversation's questions on both."""
+    from memr1.rl.items import answer_items
+    from memr1.rl.rag import fact_bank
+
+    convs = load_conversations(None, 6, 0, split="train")
+    emb = HashEmbedder(dim=32)
+    oracle = {c.sample_id: oracle_bank(None, c, emb) for c in convs}
+    facts = {c.sample_id: oracle_facts(c) for c in convs}
+    add_all = {c.sample_id: fact_bank(c.turns(), facts[c.sample_id], emb) for c in convs}
+    plain = answer_items(convs, oracle, seed=3)
+    mixed = mixed_answer_items(convs, oracle, add_all, seed=3)
+    assert [(it.conversation, it.question.question) for it in mixed] == [(it.conversation, it.question.question) for it in plain]
+    on_oracle = [it.bank is oracle[it.conversation] for it in mixed]
+    assert [it.bank is add_all[it.conversation] for it in mixed] == [not o for o in on_oracle]
+    assert abs(2 * sum(on_oracle) - len(mixed)) <= 1
+    for c in convs:
+        kinds = {o for it, o in zip(mixed, on_oracle) if it.conversation == c.sample_id}
+        assert len([it for it in mixed if it.conversation == c.sample_id]) < 2 or kinds == {True, False}
+    assert len(add_all[convs[0].sample_id]) > len(oracle[convs[0].sample_id])   # stale copies stay in ADD-all banks
+
+
+def test_a_run_s_answer_stage_reads_the_mix_when_configured():
+    """engine/items.py: answer_banks = "mix" gives the answer stage mixed_answer_items; its warm start
+    stays on the oracle's banks."""
+    from types import SimpleNamespace
+
+    from memr1.engine.config.run import load_config
+    from memr1.engine.items import RunItems
+
+    run = SimpleNamespace(cfg=load_config(None, ["data.n=20", "items.answer_banks=mix"]), seed=0)
+    items = RunItems(run, HashEmbedder(dim=32), None, "val")
+    items._facts = {c.sample_id: oracle_facts(c) for c in items.convs}
+    trained, warm = items.answer("answer", None), items.answer("answer_warm", None)
+    oracle_sizes = {c.sample_id: len(oracle_bank(None, c, HashEmbedder(dim=32))) for c in items.convs}
+    assert [len(it.bank) == oracle_sizes[it.conversation] for it in warm] == [True] * len(warm)
+    assert {len(it.bank) == oracle_sizes[it.conversation] for it in trained} == {True, False}
