@@ -108,71 +108,20 @@ class Loop:
     def run(self, start_step: int = 0, start_version: int | None = None) -> dict:
         """Consume rollouts [start_step, steps). Each trained one bumps the weight version; the
         generator must hold `start_version` (default: start_step) when this starts."""
-        end = self.steps
-        version = start_step if start_version is None else start_version
-        producer = threading.Thread(target=self._produce, args=(start_step, end, version), name="rollout",
+        self.at, self.version = start_step, start_step if start_version is None else start_version
+        self.last, self.saved = {}, None   # saved: the step last checkpointed here
+        producer = threading.Thread(target=self._produce, args=(start_step, self.steps, self.version), name="rollout",
                                     daemon=True)
         old_handlers = self._install_signal_handlers()
         producer.start()
-        step, last, saved = start_step, {}, None   # saved: the step last checkpointed here
         try:
-            while step < end:
-                t0 = time.perf_counter()
-                # Every rank reaches the agreement each step, so a stop or failure on one reaches all.
-                item = self.agree(self._next_item(producer, step), step)
-                idle_s = time.perf_counter() - t0
-                if item is None:  # a stop was requested (on some rank)
-                    break
-                step += 1
-                if isinstance(item, RolloutFailure):
-                    self._handle_failure(item)
-                    continue
-                staleness = version - item.weight_version
-                if staleness > self.cfg.max_staleness:  # cannot happen by construction
-                    raise RuntimeError(f"rollout of step {step} is {staleness} versions stale "
-                                       f"(bound {self.cfg.max_staleness})")
-                sleep_s = self._set_awake(False)
-                t1 = time.perf_counter()
-                with span("train_step"):
-                    train = self.learner.train_step(item.batch)
-                train_s = time.perf_counter() - t1
-                sleep_s += self._set_awake(True)
-                version += 1
-                every = self.cfg.validate_every
-                validating = self.validate is not None and every and (step % every == 0 or step == end)
-                probing = self.probe is not None and self.cfg.probe_every and \
-                    (step % self.cfg.probe_every == 0 or step == end)
-                due = version % self.cfg.sync_every == 0 or step == end or validating or probing
-                sync_wait_s, sync_s = self._sync(version) if due else (0.0, 0.0)
-                val = {}
-                if validating:
-                    t2 = time.perf_counter()
-                    with self.gen_lock:
-                        val = self.validate(step)
-                    val["val_s"] = time.perf_counter() - t2
-                if probing:
-                    t2 = time.perf_counter()
-                    with self.gen_lock:
-                        val.update(self.probe(step))
-                    val["probe_s"] = time.perf_counter() - t2
-                last = {**item.metrics, **train, **val,  # the loop's own keys win over the learner's counters
-                        "step": step, "stage": self.stage.name, "weight_version": version, "staleness": staleness,
-                        "train_s": train_s, "sync_s": sync_s, "sync_wait_s": sync_wait_s, "idle_s": idle_s,
-                        "sleep_s": sleep_s, "sync_bytes": self.sync_bytes if due else 0,
-                        "step_s": time.perf_counter() - t0}
-                if self.profiler is not None:   # after step_s: writing the trace is not the step's time
-                    self.profiler.end(step)
-                    if step in self.profiler.steps:
-                        last["profiled"] = True
-                self.on_step(last)
-                if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
-                    self.save_checkpoint(step)
-                    saved = step
+            while self.at < self.steps and self.step(producer):
+                pass
         except RolloutError:
             # Keep what trained before the failure (the producer touches no learner state, so this is
             # safe while it winds down); a resume runs the failed step again.
-            if step - 1 > start_step and saved != step - 1:
-                self.save_checkpoint(step - 1)
+            if self.at - 1 > start_step and self.saved != self.at - 1:
+                self.save_checkpoint(self.at - 1)
             raise
         finally:
             with self.cond:
@@ -182,10 +131,74 @@ class Loop:
             self._restore_signal_handlers(old_handlers)
             if self.profiler is not None:
                 self.profiler.close()
-        if saved != step:
+        if self.saved != self.at:
+            self.save_checkpoint(self.at)
+        return {"steps_done": self.at, "weight_version": self.version, "last": self.last,
+                "stop_signal": self.stop_signal, **self.stats}
+
+    def step(self, producer: threading.Thread) -> bool:
+        """One step: take the next rollout, train on it, sync the weights (scoring them when due), log
+        and checkpoint. False once a stop was requested."""
+        t0 = time.perf_counter()
+        item = self.agree(self._next_item(producer, self.at), self.at)   # every rank agrees, every step
+        idle_s = time.perf_counter() - t0
+        if item is None:
+            return False
+        self.at += 1
+        if isinstance(item, RolloutFailure):
+            self._handle_failure(item)
+            return True
+        metrics = self._train(item)
+        self.version += 1
+        metrics |= self._sync_and_score(self.at)
+        self._record(item, metrics, idle_s, t0)
+        return True
+
+    def _train(self, item: Rollout) -> dict:
+        """The learner's step on `item`, the generator asleep meanwhile when configured."""
+        staleness = self.version - item.weight_version
+        if staleness > self.cfg.max_staleness:  # cannot happen by construction
+            raise RuntimeError(f"rollout of step {self.at} is {staleness} versions stale (bound {self.cfg.max_staleness})")
+        sleep_s = self._set_awake(False)
+        t = time.perf_counter()
+        with span("train_step"):
+            out = self.learner.train_step(item.batch)
+        train_s = time.perf_counter() - t
+        return {"learner": out, "staleness": staleness, "train_s": train_s, "sleep_s": sleep_s + self._set_awake(True)}
+
+    def _sync_and_score(self, step: int) -> dict:
+        """Push the weights when a sync, a validation or a probe is due, then run those two on them."""
+        every, end = self.cfg.validate_every, self.steps
+        validating = self.validate is not None and every and (step % every == 0 or step == end)
+        probing = self.probe is not None and self.cfg.probe_every and (step % self.cfg.probe_every == 0 or step == end)
+        due = self.version % self.cfg.sync_every == 0 or step == end or validating or probing
+        sync_wait_s, sync_s = self._sync(self.version) if due else (0.0, 0.0)
+        scores = {}
+        for score, key in ((validating and self.validate, "val_s"), (probing and self.probe, "probe_s")):
+            if score:
+                t = time.perf_counter()
+                with self.gen_lock:
+                    scores.update(score(step))
+                scores[key] = time.perf_counter() - t
+        return {"scores": scores, "sync_s": sync_s, "sync_wait_s": sync_wait_s,
+                "sync_bytes": self.sync_bytes if due else 0}
+
+    def _record(self, item: Rollout, m: dict, idle_s: float, t0: float) -> None:
+        """The step's metrics row (the loop's own keys win over the learner's counters), the profiler's
+        end of step, and the periodic checkpoint."""
+        step = self.at
+        self.last = {**item.metrics, **m["learner"], **m["scores"], "step": step, "stage": self.stage.name,
+                     "weight_version": self.version, "staleness": m["staleness"], "train_s": m["train_s"],
+                     "sync_s": m["sync_s"], "sync_wait_s": m["sync_wait_s"], "idle_s": idle_s, "sleep_s": m["sleep_s"],
+                     "sync_bytes": m["sync_bytes"], "step_s": time.perf_counter() - t0}
+        if self.profiler is not None:   # after step_s: writing the trace is not the step's time
+            self.profiler.end(step)
+            if step in self.profiler.steps:
+                self.last["profiled"] = True
+        self.on_step(self.last)
+        if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint(step)
-        return {"steps_done": step, "weight_version": version, "last": last, "stop_signal": self.stop_signal,
-                **self.stats}
+            self.saved = step
 
     def _next_item(self, producer: threading.Thread, step: int):
         """This rank's rollout of `step`, a RolloutFailure, or None once a stop is requested."""
