@@ -54,7 +54,7 @@ def hand_on(run, stage_dir: Path, phase: int, begin: int, learner, policy, say=p
             f"(step {best['step']}) misses {miss:.3f} of the evidence, above episode.max_evidence_miss={gate}")
         return False
     checkpoint.load(learner, str(stage_dir / "checkpoints" / f"step_{best['step']}"))
-    learner.step = learner.version = begin   # the loop's counters go on from the phase's first step
+    learner.continue_at(begin)   # the loop's counters go on from the phase's first step
     push_weights(learner, policy, begin)
     say(f"stage manager_episode: phase {phase} starts from step {best['step']}, the best of phase {phase - 1}")
     return True

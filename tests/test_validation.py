@@ -41,6 +41,7 @@ def test_a_phase_whose_steps_all_score_below_its_start_hands_its_start_on(tmp_pa
                               "start": True}
     loaded = []
     learner = SimpleNamespace(step=10, version=10)
+    learner.continue_at = lambda step: vars(learner).update(step=step, version=step)
     monkeypatch.setattr(validation, "checkpoint", SimpleNamespace(load=lambda lrn, path: loaded.append(path)))
     monkeypatch.setattr(validation, "push_weights", lambda *a: None)
     assert validation.hand_on(run, tmp_path, 1, 10, learner, None, say=lambda *a: None)

@@ -6,10 +6,10 @@ sequence counts (the loss denominators), the number of micro-batches, PPO's whit
 metric sums. Every micro-batch's loss is its share of the global mean, so the step does not depend on
 how groups fall onto ranks or micro-batches.
 
-A group whose `advantages` are given (the warm start's scripted replies, advantage 1) is trained on
-those: with a ratio of 1 the surrogate's gradient is then the reply's negative log-likelihood.
+A supervised target (the warm start's scripted replies: advantage 1) has a ratio of 1, so the
+surrogate's gradient is then the reply's negative log-likelihood.
 
-The algorithm (advantages, PPO's targets, the losses) lives in rl/algos/ and rl/losses.py; the
+The algorithm (advantages for every stage kind, PPO's targets, the losses) lives in rl/algos/; the
 learner runs the models, plans the micro-batches (`plan`) and owns its state (`state_dict`).
 """
 from __future__ import annotations
@@ -28,9 +28,10 @@ from memr1.engine.training import dist as dist_utils, prefix_attention, state as
 from memr1.engine.training.batching import Plan, build_micro, micro_count, split_units, units_of
 from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.policy import PolicyModel, adamw, freeze_below, load_lm, warmup_schedule
-from memr1.rl.algos.grpo import drop_zero_advantage_groups, group_advantages, token_advantages
+from memr1.rl.algos.advantages import advantages
+from memr1.rl.algos.grpo import drop_zero_advantage_groups, token_advantages
 from memr1.rl.algos.ppo import Critic, ppo_token_targets
-from memr1.rl.losses import Denom, kl_penalty, policy_loss, value_loss
+from memr1.rl.algos.losses import Denom, kl_penalty, policy_loss, value_loss
 from memr1.rl.records import TrainBatch
 from memr1.rl.spans import span
 
@@ -121,7 +122,7 @@ class Learner:
         whose advantages are all zero when that changes nothing (no KL or entropy term). The count is
         agreed over ranks (a collective: every rank calls it)."""
         cfg, d = self.cfg, self.d
-        seq_adv = group_advantages(batch, cfg.grpo) if self.critic is None else None
+        seq_adv = advantages(batch, cfg.grpo) if self.critic is None else None
         work = signal = batch
         if seq_adv is not None:
             signal, signal_adv = drop_zero_advantage_groups(batch, seq_adv)
@@ -270,6 +271,11 @@ class Learner:
         if self.critic is not None:
             learner_state.load_critic(self.critic, self.critic_optim, self.critic_sched, sd["critic"])
         self.step, self.version = int(sd["step"]), int(sd["version"])
+
+    def continue_at(self, step: int) -> None:
+        """Count on from `step` (step and weight version both): a phase that starts from an earlier
+        checkpoint keeps the loop's step numbers. The learner alone writes its counters."""
+        self.step = self.version = step
 
     # -- weights out ---------------------------------------------------------------------------------
     def weight_manifest(self) -> dict[str, tuple[int, ...]]:
