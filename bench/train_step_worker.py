@@ -48,7 +48,7 @@ class Memr1:
         from memr1.engine.training.config import LearnerConfig
         from memr1.engine.training.learner import Learner
         from memr1.rl.algos.config import LossConfig
-        from memr1.rl.records import Group, TrainBatch
+        from memr1.rl.records import Credit, Group, TrainBatch
         s = batch["settings"]
         loss = LossConfig(aggregation="token-mean", clip_low=s["clip"], clip_high=s["clip"],
                           dual_clip=0.0,  # TRL has no dual clip (its `delta` is off by default)
@@ -62,7 +62,7 @@ class Memr1:
         ids, adv, old, p, g = batch["ids"], batch["adv"], batch["old_logp"], s["prompt"], s["group_size"]
         self.batch = TrainBatch([
             Group(ids[i, :p].tolist(), ids[i:i + g, p:].tolist(), old[i:i + g].tolist(), [0.0] * g,
-                  advantages=adv[i:i + g].tolist())
+                  credit=[Credit("target", weight=a) for a in adv[i:i + g].tolist()])
             for i in range(0, ids.shape[0], g)])
         # What the forwards compute: every micro-batch's rows x width, padding included.
         micros = [m for m in self.learner.plan(self.batch).micros if not m.dummy]

@@ -119,7 +119,7 @@ def episode_stage(run: Resolved, items, embedder, swap, latest: dict, judge, val
         episode = msgspec.structs.replace(episode, reroll_prob=0.0)
     frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
     return EpisodeStage(items.episodes, frozen, embedder, scfg, sampling, run.task, cfg.reward, episode, judge,
-                        run.rank, run.world, run.seed, cfg.learner.grpo, validation=val)
+                        run.rank, run.world, run.seed, validation=val)
 
 
 def train_stage(run: Resolved, name: str, items, val_items, embedder, policy, swap, latest: dict,

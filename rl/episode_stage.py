@@ -5,8 +5,9 @@ every live lane (the G episodes of each item, plus the re-rolls of session k) go
 call, one completion per lane, each applied to its lane's own bank through rl/turns.py, exactly as
 bank building applies them. A re-roll group forks the chosen episode's bank just before session k
 (the snapshot at k - 1) and is scored and dropped as soon as session k ends; the episodes are scored on
-their final banks. Every call becomes a one-response Group with its level's advantage given, so the
-learner trains all levels in one batch.
+their final banks. Every call's response carries its unit's reward and Credit (its level, comparison
+group and level weight); rl/algos/advantages.py turns them into advantages, so the learner trains all
+levels in one batch.
 """
 from __future__ import annotations
 
@@ -15,17 +16,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
-
 from memr1.memory_store import MemoryBank
 from memr1.rl.agents.manager import EVENTS
-from memr1.rl.algos.config import GRPOConfig
-from memr1.rl.algos.grpo import grpo_advantages
 from memr1.rl.episodes import EpisodeConfig, EpisodeItem, bank_words, global_sample, local_sample, session_reward
 from memr1.rl.evidence import evidence_misses, miss_rate, stored_turns
 from memr1.rl.generation import hit_cap
 from memr1.rl.items import step_items
-from memr1.rl.records import Group, Rollout, TrainBatch
+from memr1.rl.records import Credit, Group, Rollout, TrainBatch
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.samples import episode_sample
 from memr1.rl.spans import span
@@ -51,13 +48,13 @@ class EpisodeStage:
 
     def __init__(self, items_for, frozen_answer, embedder, cfg: StageConfig, rollout, task: Task,
                  reward: RewardConfig, episode: EpisodeConfig, judge=None, rank: int = 0, world: int = 1,
-                 seed: int = 0, grpo: GRPOConfig = GRPOConfig(), validation: bool = False):
+                 seed: int = 0, validation: bool = False):
         """`items_for(sessions)`: the episode items of a window of that many sessions (built once each).
         `validation`: every step scores all of the rank's items (step only picks the curriculum phase)."""
         self.items_for, self.frozen, self.embedder, self.judge = items_for, frozen_answer, embedder, judge
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.episode = episode
-        self.rank, self.world, self.seed, self.grpo = rank, world, seed, grpo
+        self.rank, self.world, self.seed = rank, world, seed
         self.phases, self.validation = episode.phases(cfg.steps), validation
 
     def phase(self, step: int):
@@ -158,7 +155,7 @@ class EpisodeStage:
             pos += n * len(episodes[i])
         return out
 
-    # -- rewards, advantages, the batch -----------------------------------------------------------
+    # -- rewards, credit, the batch ---------------------------------------------------------------
     def assemble(self, items, episodes, samples, answered, rerolls, phase, gen_s, forks, t0) -> Rollout:
         ep, kind = self.episode, self.reward.kind
         units = []   # (lane, session, reward parts, group key, level weight)
@@ -173,21 +170,22 @@ class EpisodeStage:
             units += [(lane, k, parts, ("local", i, k), ep.local_weight) for lane, parts in zip(group, rewards)]
         keys = {key: n for n, key in enumerate(dict.fromkeys(u[3] for u in units))}
         totals = [sum(u[2].values()) for u in units]
-        adv = level_advantages(totals, [keys[u[3]] for u in units], [u[4] for u in units], self.grpo)
+        # Each unit's calls share its reward; it is compared within its (level, item, session) group.
+        credit = [Credit(u[0].level, keys[u[3]], n, u[4]) for n, u in enumerate(units)]
         # Calls with the same prompt (the G episodes' first call, a re-roll group's first call, and any
-        # call where lanes' banks agree) become one group of responses, each with its own advantage, so
+        # call where lanes' banks agree) become one group of responses, each with its own credit, so
         # the learner computes that prompt once.
         by_prompt: dict[tuple, dict] = {}
         number: dict[tuple, int] = {}   # prompt -> its group's index in the batch
         outcomes, samples = [], []
-        for (lane, k, parts, key, _), total, a in zip(units, totals, adv):
+        for (lane, k, parts, key, _), total, c in zip(units, totals, credit):
             for sk, call, completion, outcome, before, after in lane.calls:
                 if sk != k:
                     continue
                 outcomes.append(outcome)
                 prompt = tuple(completion.prompt_token_ids)
                 g = by_prompt.setdefault(prompt, {
-                    "responses": [], "behav_logprobs": [], "rewards": [], "truncated": [], "advantages": [],
+                    "responses": [], "behav_logprobs": [], "rewards": [], "truncated": [], "credit": [],
                     "breakdown": {p: [] for p in parts}, "source": f"{items[lane.item].conv.sample_id} s{k + 1}"})
                 index = number.setdefault(prompt, len(number))
                 samples.append(episode_sample(index, len(g["responses"]), items[lane.item], lane.level, call,
@@ -196,7 +194,7 @@ class EpisodeStage:
                 g["behav_logprobs"].append(list(completion.logprobs))
                 g["rewards"].append(total)
                 g["truncated"].append(hit_cap(completion))
-                g["advantages"].append(a)
+                g["credit"].append(c)
                 for p, v in parts.items():
                     g["breakdown"][p].append(v)
         groups = [Group(prompt_ids=list(ids), **g) for ids, g in by_prompt.items()]
@@ -246,13 +244,3 @@ class EpisodeStage:
                     "forks": forks, "bank_ops": sum(len(o.store_ops) for o in outcomes if o.applied)})
         return out
 
-
-def level_advantages(rewards: list[float], group_ids: list[int], weights: list[float], cfg: GRPOConfig) -> list[float]:
-    """Advantages of rewards grouped at several levels at once (group ids unique across levels): each
-    group z-scored on its own as GRPO does (a singleton, or a group of equal rewards, gets 0), then
-    scaled by its level's weight."""
-    if not rewards:
-        return []
-    adv = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(group_ids), cfg,
-                          num_groups=max(group_ids) + 1)
-    return [float(a) * w for a, w in zip(adv.tolist(), weights)]

@@ -10,7 +10,7 @@ the group's advantages compare it with the policy's own samples, so the event is
 policy then picks the right memory often enough to beat what it does unhinted, and down where not.
 
 The prefix's tokens are trained as if sampled (importance weight 1: their behaviour log-prob is NaN,
-which `rl.losses.policy_loss` reads as "no correction"). That biases the gradient towards the oracle's
+which `rl.algos.losses.policy_loss` reads as "no correction"). That biases the gradient towards the oracle's
 events, the point of a hint; a weight of the policy's own probability (about 0.05 on such an UPDATE)
 would give back the on-policy gradient that does not find them. The idea follows prefix-guided RL
 (e.g. Prefix-RFT); the oracle here is the synthetic data's ground truth, so hints need its timeline.

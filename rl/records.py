@@ -8,10 +8,34 @@ learner trains on them. Defined once here; every field says what it holds.
 A Group is the unit down to the learner: one prompt and the G responses sampled for it. The prompt's
 token ids are stored once, so the learner computes each prompt once per group without having to find
 out which sequences share it. Under data parallelism each rank's TrainBatch holds its own groups only.
+Stages emit rewards and, where a Group is not itself the comparison group, each response's Credit;
+rl/algos/advantages.py alone turns them into advantages.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+LEVELS = ("call", "global", "local", "target")
+
+
+@dataclass(frozen=True)
+class Credit:
+    """How one response's reward counts towards its advantage (rl/algos/advantages.py). A Group without
+    credit is one comparison group of call-level responses, each scored on its own, weight 1."""
+    level: str = "call"   # "call" | "global" | "local" (episodes): compared within `group`; "target": a
+                          # supervised target (warm start, control, rejection sampling), advantage = weight
+    group: int = 0        # the comparison group, an id unique across the batch's levels
+    unit: int = 0         # what one reward scored, an id unique in the batch: responses of one unit share
+                          # that reward and count once in their group (an episode session's calls); units
+                          # enter their group in id order
+    weight: float = 1.0   # the level's weight, multiplying the advantage
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"Credit.level={self.level!r}; expected one of {LEVELS}")
+
+
+TARGET = Credit("target")   # a scripted or kept reply trained with the supervised loss (advantage 1)
 
 
 @dataclass
@@ -25,8 +49,8 @@ class Group:
     rewards: list[float]                  # G scalar rewards, the sum of each response's breakdown
     breakdown: dict[str, list[float]] = field(default_factory=dict)  # reward part -> G values (for logs)
     truncated: list[bool] = field(default_factory=list)  # response i hit the token budget
-    advantages: list[float] | None = None  # given per-response advantages (warm start: 1.0); None:
-                                           # the algorithm derives them from the rewards
+    credit: list[Credit] | None = None    # per response (see Credit); None: call-level, the Group is
+                                          # the comparison group
     source: str = ""                      # what the prompt came from ("conv-26 D3:4"), for logs
 
     def __post_init__(self):
@@ -37,14 +61,22 @@ class Group:
             raise ValueError(f"Group {self.source!r}: {g} responses but {len(self.rewards)} rewards")
         if self.behav_logprobs is not None and [len(x) for x in self.behav_logprobs] != [len(r) for r in self.responses]:
             raise ValueError(f"Group {self.source!r}: behav_logprobs must hold one value per response token")
-        if self.advantages is not None and len(self.advantages) != g:
-            raise ValueError(f"Group {self.source!r}: {len(self.advantages)} advantages for {g} responses")
+        if self.credit is not None and len(self.credit) != g:
+            raise ValueError(f"Group {self.source!r}: {len(self.credit)} credits for {g} responses")
         for part, values in self.breakdown.items():
             if len(values) != g:
                 raise ValueError(f"Group {self.source!r}: reward part {part!r} has {len(values)} values for {g}")
 
     def __len__(self) -> int:
         return len(self.responses)
+
+    @property
+    def advantages(self) -> list[float] | None:
+        """The advantages the stage fixed: a supervised group's target weights; None where the algorithm
+        derives them from the rewards (rollout files show it)."""
+        if self.credit is None or any(c.level != "target" for c in self.credit):
+            return None
+        return [c.weight for c in self.credit]
 
     @property
     def response_tokens(self) -> int:

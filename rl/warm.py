@@ -2,9 +2,10 @@
 the same loop, learner and checkpoints. The same stage is each RL stage's supervised control
 ("<role>_control"): the warm checkpoint trained further on the RL stage's own prompts, in its order.
 
-A warm group is one prompt, built by the same turn code as the RL stage, with one scripted reply
-whose advantage is 1. With no sampling there is nothing to correct for, and the policy-gradient loss
-on a ratio of 1 has the gradient of the reply's negative log-likelihood: supervised fine-tuning.
+A warm group is one prompt, built by the same turn code as the RL stage, with one scripted reply, a
+supervised target (advantage 1, rl/algos/advantages.py). With no sampling there is nothing to correct
+for, and the policy-gradient loss on a ratio of 1 has the gradient of the reply's negative
+log-likelihood: supervised fine-tuning.
 - answer agent: the evidence memories, copied as the prompt shows them, then `Answer: <gold>`
   (memory distillation), or just the answer line when `answer.distill` is off;
 - manager: the oracle's ops for the call, in the op JSON the prompt asks for (one item per fact, in
@@ -19,7 +20,7 @@ from memr1.rl.agents.manager import reply_item
 from memr1.rl.data.synthetic import call_ops
 from memr1.rl.generation import chat_prompt_ids, reply_ids
 from memr1.rl.items import step_items
-from memr1.rl.records import Group, Rollout, TrainBatch
+from memr1.rl.records import TARGET, Group, Rollout, TrainBatch
 from memr1.rl.stages import StageConfig
 from memr1.rl.turns import AnswerRequest, ManagerTurn, Task, answer_prompts, manager_turns
 
@@ -87,7 +88,7 @@ class WarmStage:
                                       self.convs[it.conversation].oracle, self.task.manager.list_unchanged)
                        for t, it in zip(turns, items)]
         groups = [Group(prompt_ids=chat_prompt_ids(self.tokenizer, p), responses=[reply_ids(self.tokenizer, t)],
-                        behav_logprobs=None, rewards=[0.0], advantages=[1.0], source=it.source)
+                        behav_logprobs=None, rewards=[0.0], credit=[TARGET], source=it.source)
                   for p, t, it in zip(prompts, targets, items)]
         metrics = {"gen_s": 0.0, "score_s": time.perf_counter() - t0,
                    "response_tokens": sum(g.response_tokens for g in groups), "completions": len(groups)}

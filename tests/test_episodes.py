@@ -9,7 +9,7 @@ import pytest
 
 from memr1.memory_store import Add, HashEmbedder, MemoryBank
 from memr1.rl.data import load_conversations
-from memr1.rl.episode_stage import EpisodeStage, level_advantages
+from memr1.rl.episode_stage import EpisodeStage
 from memr1.rl.episodes import (EpisodeConfig, Phase, compression_penalty, episode_items, global_sample, local_sample,
                                session_reward)
 from memr1.rl.facts import oracle_facts
@@ -17,7 +17,9 @@ from memr1.rl.items import deciding_turn
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import StageConfig
 from memr1.rl.turns import Task
+from memr1.rl.algos.advantages import advantages
 from memr1.rl.algos.config import GRPOConfig
+from memr1.rl.records import Credit, Group, TrainBatch
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
 from memr1.rl.generation import SamplingConfig
@@ -79,13 +81,16 @@ def slow_advantages(rewards, groups, weights, eps=1e-6):
     return out
 
 
-def test_level_advantages_match_the_slow_reference():
+def test_level_credit_matches_the_slow_reference():
     rng = random.Random(3)
     groups = [rng.randrange(7) for _ in range(60)]   # 7 groups across two levels, one a singleton
     groups.append(7)
     rewards = [rng.choice([0.0, 0.25, 0.5, 1.0]) - 0.1 * rng.random() for _ in groups]
     weights = [1.0 if g < 4 else 0.5 for g in groups]
-    got = level_advantages(rewards, groups, weights, GRPOConfig())
+    # one call per unit, each its own one-response group, as the episode stage's credit says
+    batch = TrainBatch([Group([1], [[2]], None, [r], credit=[Credit("global" if g < 4 else "local", g, n, w)])
+                        for n, (r, g, w) in enumerate(zip(rewards, groups, weights))])
+    got = advantages(batch, GRPOConfig()).tolist()
     assert got == pytest.approx(slow_advantages(rewards, groups, weights), abs=1e-5)
     assert got[-1] == 0.0   # the singleton
 
@@ -131,7 +136,7 @@ def test_a_reroll_starts_from_its_episodes_snapshot_and_never_changes_it():
     assert sorted(len(g) for g in groups if len(g) > 1) == [4, 4, 7, 7]
     assert m["final_memories"] == sum(calls)   # one ADD per call of its own, none of the re-rolls'
     assert m["bank_ops"] == (4 + 3) * sum(calls)   # both sessions re-rolled (reroll_prob 1)
-    assert all(g.advantages is not None for g in rollout.batch.groups)
+    assert all(g.credit is not None and g.advantages is None for g in rollout.batch.groups)   # the route's job
 
 
 def test_a_snapshot_fork_holds_the_episode_as_it_was():

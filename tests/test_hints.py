@@ -17,7 +17,7 @@ from memr1.rl.facts import oracle_facts
 from memr1.rl.generation import Completion, SamplingConfig, chat_prompt_ids
 from memr1.rl.hints import Hints, hint_prefix
 from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.losses import Denom, policy_loss
+from memr1.rl.algos.losses import Denom, policy_loss
 from memr1.rl.rewards import RewardConfig
 from memr1.rl.stages import ManagerRLConfig, ManagerStage
 from memr1.rl.turns import Task, manager_turns

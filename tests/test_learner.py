@@ -9,7 +9,7 @@ from memr1.engine.training.batching import build_micro, micro_count, split_units
 from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.learner import Learner
 from memr1.rl.algos.config import LossConfig, PPOConfig
-from memr1.rl.records import Group, TrainBatch
+from memr1.rl.records import TARGET, Group, TrainBatch
 from learner_helpers import VOCAB, make_batch
 
 def learner_for(tiny, **kw) -> Learner:
@@ -95,7 +95,7 @@ def test_scripted_replies_train_their_negative_log_likelihood(tiny):
     learner = learner_for(tiny, lr=3e-2)
     batch = make_batch(groups=3, size=1, behav=False)
     for g in batch.groups:
-        g.advantages = [1.0]
+        g.credit = [TARGET]
     nll = [learner.train_step(batch)["nll"] for _ in range(5)]
     assert nll[-1] < 0.7 * nll[0]
 

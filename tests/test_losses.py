@@ -1,4 +1,4 @@
-"""rl.losses: aggregation modes, KL estimators, clip / dual-clip / importance branches, value loss."""
+"""rl.algos.losses: aggregation modes, KL estimators, clip / dual-clip / importance branches, value loss."""
 import math
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from memr1.rl.algos.config import GRPOConfig, LossConfig, dr_grpo
 from memr1.rl.algos.grpo import grpo_advantages
-from memr1.rl.losses import Denom, aggregate, kl_penalty, policy_loss, value_loss
+from memr1.rl.algos.losses import Denom, aggregate, kl_penalty, policy_loss, value_loss
 
 # Two sequences: tokens [1, 2, 3] and [4, 5].
 VALUES = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])

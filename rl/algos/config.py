@@ -1,5 +1,5 @@
 """The RL algorithm's settings (`[learner.loss]`, `[learner.grpo]`, `[learner.ppo]`): the surrogate loss
-(rl/losses.py), GRPO's advantages (grpo.py), PPO's critic and GAE (ppo.py). Imports no torch: the
+(losses.py), GRPO's advantages (grpo.py), PPO's critic and GAE (ppo.py). Imports no torch: the
 run config composes these, and reading a config must not load torch."""
 from __future__ import annotations
 

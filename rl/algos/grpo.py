@@ -1,8 +1,9 @@
 """GRPO: advantages are rewards normalised within each group of completions of one prompt.
 
-A rank's batch goes through three steps here: one advantage per sequence (`group_advantages`), the
-groups that carry no signal left out (`drop_zero_advantage_groups`), and each sequence's advantage
-broadcast to its tokens in a micro-batch (`token_advantages`).
+GRPO's normalisation over group ids (`grpo_advantages`, kernels/grpo_advantage.py), which advantages.py
+applies to every stage kind's groups; then the learner's two steps on a rank's batch: the groups that
+carry no signal left out (`drop_zero_advantage_groups`), and each sequence's advantage broadcast to
+its tokens in a micro-batch (`token_advantages`).
 
 The std convention is explicit because peers differ silently (verl: unbiased, torchtitan: population,
 Dr.GRPO: none). Dr.GRPO also needs a length-independent aggregation, see `config.dr_grpo`.
@@ -27,21 +28,6 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: GRPOCon
     seq_adv, _ = kernels.grpo_advantage(rewards.float(), group_ids.long(), num_groups, std=cfg.std,
                                         eps=cfg.eps, baseline=cfg.baseline, validate=True)
     return seq_adv
-
-
-def group_advantages(batch: TrainBatch, cfg: GRPOConfig) -> torch.Tensor:
-    """One advantage per sequence [N] (CPU): given by the group, or GRPO's within-group normalisation."""
-    rewards = torch.tensor([r for g in batch.groups for r in g.rewards], dtype=torch.float32)
-    if not rewards.numel():
-        return rewards
-    group_ids = torch.tensor([i for i, g in enumerate(batch.groups) for _ in g.responses])
-    adv = grpo_advantages(rewards, group_ids, cfg, num_groups=len(batch.groups)).float().cpu()
-    start = 0
-    for g in batch.groups:
-        if g.advantages is not None:
-            adv[start:start + len(g)] = torch.tensor(g.advantages, dtype=torch.float32)
-        start += len(g)
-    return adv
 
 
 def drop_zero_advantage_groups(batch: TrainBatch, seq_adv: torch.Tensor) -> tuple[TrainBatch, torch.Tensor]:

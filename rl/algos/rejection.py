@@ -3,11 +3,12 @@
 It runs in the same loop as its RL stage, on the same prompts and the same sampled completions (the RL
 stage's rollout, unchanged), and keeps, per group, the best-rewarded completion when its reward is above
 zero (ties to the first sampled); groups with no positive reward teach nothing and are skipped. The kept
-completions are trained with the supervised loss: advantage 1, no behaviour log-probs, so the loss on a
-ratio of 1 has the gradient of their negative log-likelihood (as rl/warm.py's scripted replies). RL sees
+completions are trained with the supervised loss: targets of weight 1 (advantage 1, rl/algos/advantages.py),
+no behaviour log-probs, so the loss on a ratio of 1 has the gradient of their negative log-likelihood
+(as rl/warm.py's scripted replies). RL sees
 the same rollouts, but learns from every completion's reward relative to its group's.
 """
-from memr1.rl.records import Group, Rollout, TrainBatch
+from memr1.rl.records import Credit, Group, Rollout, TrainBatch
 
 
 def best_of(group: Group) -> int | None:
@@ -16,16 +17,17 @@ def best_of(group: Group) -> int | None:
     return best if group.rewards[best] > 0 else None
 
 
-def keep_best(group: Group, i: int, advantage: float) -> Group:
-    """Completion `i` of `group` alone, as a supervised target with `advantage`."""
+def keep_best(group: Group, i: int, weight: float) -> Group:
+    """Completion `i` of `group` alone, as a supervised target of `weight` (its advantage)."""
     return Group(prompt_ids=group.prompt_ids, responses=[group.responses[i]], behav_logprobs=None,
                  rewards=[group.rewards[i]], breakdown={k: [v[i]] for k, v in group.breakdown.items()},
-                 truncated=group.truncated[i:i + 1], advantages=[advantage], source=group.source)
+                 truncated=group.truncated[i:i + 1], credit=[Credit("target", weight=weight)],
+                 source=group.source)
 
 
 def rejection_batch(rollout: Rollout) -> Rollout:
     """`rollout` as RFT trains it: each group's best positive completion. When no group has one, the
-    batch is the first group's first completion at advantage 0, a step that changes no weight (the
+    batch is the first group's first completion at weight 0, a step that changes no weight (the
     learner needs a sequence to agree on a step with its ranks). The step's metrics stay the RL
     rollout's (what the policy sampled), plus `rs_kept`: the share of groups kept."""
     groups = rollout.batch.groups
