@@ -230,16 +230,17 @@ def test_report_renders_a_rollout_folder(tiny_model, tmp_path, monkeypatch, caps
     assert "error:" in capsys.readouterr().err
 
 
-def test_the_readme_example_reads_the_shards(tiny_model, tmp_path, monkeypatch, capsys):
+def test_the_docs_example_reads_the_shards(tiny_model, tmp_path, monkeypatch, capsys):
+    """docs/rollouts.md's snippet runs as written on a real rollout folder."""
     root = os.path.dirname(os.path.dirname(__file__))
     monkeypatch.chdir(root)
     out = tmp_path / "runs" / "rollouts"
     assert main(command(tiny_model, out, items=2)) == 0
-    readme = open(os.path.join(root, "README.md")).read()
-    example = readme.split("The shards read with pyarrow")[1].split("```python\n")[1].split("```")[0]
+    doc = open(os.path.join(root, "docs", "rollouts.md")).read()
+    example = doc.split("### Reading the shards")[1].split("```python\n")[1].split("```")[0]
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
-    exec(compile(example, "README example", "exec"), {})
+    exec(compile(example, "docs/rollouts.md example", "exec"), {})
     printed = capsys.readouterr().out
     assert "reward_mean" in printed and "event" in printed
 
