@@ -111,15 +111,16 @@ _BULLET = re.compile(r"\s*(?:[-*\u2022]|\d+[.)])\s+(\S.*)")
 
 
 def _clean(items, cfg: ExtractConfig) -> list[str]:
-    out = []
+    out, seen = [], set()   # a set: a list's `in` made thousands of distinct bullets quadratic
     for item in items:
         if isinstance(item, dict):   # {"fact": "..."} or {"text": "..."} objects are common
             text = item.get("fact", item.get("text"))
             # Small models also write attribute objects ({"name": .., "location": ..}): keep their values.
             item = text if text is not None else "; ".join(
                 f"{k}: {v}" for k, v in item.items() if isinstance(v, (str, int, float)) and str(v).strip())
-        if isinstance(item, str) and item.strip() and item.strip() not in out:
-            out.append(item.strip()[: cfg.max_fact_chars])
+        if isinstance(item, str) and (fact := item.strip()) and fact not in seen:
+            out.append(fact[: cfg.max_fact_chars])
+            seen.add(out[-1])
     return out[: cfg.max_facts]
 
 
