@@ -88,6 +88,24 @@ def reduce_totals(totals: dict) -> dict:
     return {k: slowest[i].item() if k.endswith("_s") else summed[i].item() for i, k in enumerate(names)}
 
 
+def writable_folder(out: Path, flag: str) -> None:
+    """ConfigError unless `out`, or the nearest folder above it that exists, takes a new file: a folder
+    under a file, in /proc or on a read-only file system fails here, before any model loads."""
+    import os
+    import tempfile
+
+    probe = out
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {out}: {probe} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {out}: cannot write there ({e.strerror or e})") from None
+
+
 def load(args) -> tuple:
     """(config, stage name, models) from the command line; each problem is a ConfigError."""
     from memr1.engine.evaluate import cli_models
@@ -102,6 +120,7 @@ def load(args) -> tuple:
     out = Path(args.out).resolve()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {args.out} exists and is not a folder")
+    writable_folder(out, "--out")
     import torch
     overrides = [f"stages={json.dumps([name])}", f"run_dir={out}"]
     if not torch.cuda.is_available():  # every call is seeded (see GeneratorConfig.chunked_prefill)
@@ -155,7 +174,10 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
     barrier()
     if rank:
         open_dir(out, what, git_commit(), rank)
-    quiet.log_to(out)
+    try:
+        quiet.log_to(out)
+    except OSError as e:   # run.log planted as a link or a FIFO
+        raise RolloutDirError(f"--out {out}: cannot keep run.log there ({e.strerror or e})") from None
     embedder = make_embedder(cfg)
     policy = make_generator(cfg.generator, cfg.seed)
     if role in used:

@@ -7,9 +7,15 @@ DIR/prompts-s<step>-r<rank>.parquet       one row per group: its prompt's token 
                                        by `prompt_key`
 DIR/summary.json                       throughput, time per phase, rewards per op kind (rollout.py)
 
-A step's shard is written to a temporary file, fsynced and renamed; the completions file is renamed
-last, so its presence is what marks the step done (a rerun skips it) and a kill -9 loses at most the
-step in flight. Parquet holds data only: reading a shard back executes nothing.
+DIR/shards-r<rank>.json                each rank's shard manifest: the rows of every shard it wrote
+
+Every file is written whole or not at all by rl/fileio.write_atomic (a new file created exclusively,
+then renamed: nothing planted in DIR, a symlink included, is written through). A step writes its
+prompts, then records both shards' rows, then its completions: a rerun skips a step only when both
+shards are recorded, their Parquet footers read and hold the recorded rows, so a kill -9 loses at most
+the step in flight, and a truncated or replaced shard is rolled out again. Whatever DIR holds is read
+as data only: no FIFO or device is opened, Parquet executes nothing, and a shard of the wrong shape
+or a JSON file of the wrong type is a RolloutDirError (one line), never a traceback.
 """
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from memr1.rl.fileio import is_temporary, open_regular, read_regular, write_atomic
 
 MANIFEST_KIND = "memr1-rollouts"
 OP = pa.struct([("event", pa.string()), ("id", pa.int64()), ("text", pa.string())])
@@ -53,8 +62,39 @@ def shard_name(kind: str, step: int, rank: int) -> str:
     return f"{kind}-s{step:06d}-r{rank}.parquet"
 
 
-def done(out: Path, step: int, rank: int) -> bool:
-    return (out / shard_name("completions", step, rank)).is_file()
+def ledger_name(rank: int) -> str:
+    return f"shards-r{rank}.json"
+
+
+def recorded(out: Path, rank: int) -> dict[str, int]:
+    """This rank's shard manifest: shard name -> rows ({} when missing or not of its shape, so every
+    shard is rolled out again rather than trusted)."""
+    try:
+        value = json.loads(read_regular(out / ledger_name(rank), 16 << 20))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and type(v) is int and v >= 0}
+
+
+def parquet_rows(path: Path) -> int:
+    """The rows its footer records; OSError, ArrowException or ValueError when it does not read."""
+    with open_regular(path) as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def done(out: Path, step: int, rank: int, ledger: dict[str, int] | None = None) -> bool:
+    """Whether the step's two shards are whole: recorded, their footers read, with the recorded rows."""
+    ledger = recorded(out, rank) if ledger is None else ledger
+    for kind in ("prompts", "completions"):
+        name = shard_name(kind, step, rank)
+        try:
+            if name not in ledger or parquet_rows(out / name) != ledger[name]:
+                return False
+        except (OSError, ValueError, pa.ArrowException):
+            return False
+    return True
 
 
 def step_phases(metrics: dict, step_s: float) -> dict[str, float]:
@@ -97,32 +137,61 @@ def tables(rollout, step: int, rank: int, step_s: float) -> tuple[pa.Table, pa.T
 
 
 def write_shard(out: Path, step: int, rank: int, rollout, step_s: float) -> int:
-    """Write one step's shard atomically (prompts first, completions last); returns its rows."""
+    """Write one step's shard (module doc: prompts, the record of both, completions); returns its rows."""
     completions, prompts = tables(rollout, step, rank, step_s)
-    for kind, table in (("prompts", prompts), ("completions", completions)):
-        final = out / shard_name(kind, step, rank)
-        tmp = out / f".{final.name}.tmp"
-        pq.write_table(table, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)   # the renames themselves survive a crash
-    finally:
-        os.close(fd)
+    write_atomic(out / shard_name("prompts", step, rank), lambda f: pq.write_table(prompts, f))
+    ledger = recorded(out, rank)
+    ledger.update({shard_name("prompts", step, rank): prompts.num_rows,
+                   shard_name("completions", step, rank): completions.num_rows})
+    write_atomic(out / ledger_name(rank), json.dumps(ledger, sort_keys=True))
+    write_atomic(out / shard_name("completions", step, rank), lambda f: pq.write_table(completions, f))
     return completions.num_rows
 
 
+# What the report reads of each shard, with the type the writer gives it (COLUMNS); every other column
+# of COLUMNS must have its own type too, so the shards concatenate.
+TYPES = dict(COLUMNS)
+NULLABLE = {"events", "behav_logprobs", "advantage", "ops", "call_turns", "answers", "golds", "scores"}
+
+
+def shard_problem(table: pa.Table) -> str | None:
+    """What makes a completions table unusable for the summary, or None."""
+    for name in table.column_names:
+        want = TYPES.get(name, pa.float64() if name.startswith("reward_") else None)
+        if want is not None and table.schema.field(name).type != want:
+            return f"column {name} is {table.schema.field(name).type}, not {want}"
+    if missing := [n for n, _ in COLUMNS if n not in table.column_names]:
+        return f"no column {missing[0]}"
+    if nulls := [n for n, _ in COLUMNS if n not in NULLABLE and table.column(n).null_count]:
+        return f"null {nulls[0]} in {table.column(nulls[0]).null_count} row(s)"
+    for name in ("reward", "t_prompt_s", "t_generate_s", "t_fork_apply_s", "t_frozen_s", "t_reward_s", "t_step_s"):
+        if len(table) and not pc.all(pc.is_finite(table.column(name))).as_py():   # the figures' axes need finite values
+            return f"a {name} that is not a finite number"
+    return None
+
+
 def read_completions(out: Path, columns: list[str] | None = None) -> pa.Table:
-    """Every finished shard's completions, in (step, rank) order."""
+    """Every finished shard's completions, in (step, rank) order; RolloutDirError naming the first
+    shard that is not a Parquet file of the writer's columns."""
     files = sorted(out.glob("completions-s*-r*.parquet"))
     if not files:
         raise RolloutDirError(f"{out}: no completions-*.parquet shard there")
-    return pa.concat_tables([pq.read_table(f, columns=columns) for f in files], promote_options="default")
+    tables = []
+    for f in files:
+        try:
+            with open_regular(f) as fh:
+                table = pq.read_table(fh)
+        except (OSError, ValueError, pa.ArrowException) as e:   # truncated, empty, a FIFO, a folder
+            raise RolloutDirError(f"{f}: not a readable Parquet shard ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); remove it and rerun "
+                                  f"memr1 rollout") from None
+        if (problem := shard_problem(table)) is not None:
+            raise RolloutDirError(f"{f}: not a shard memr1 rollout wrote ({problem})")
+        tables.append(table if columns is None else table.select(columns))
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowException as e:   # reward parts of differing types across shards
+        raise RolloutDirError(f"{out}: the shards do not concatenate ({str(e).splitlines()[0][:200]})") from None
 
 
 # ---- the manifest --------------------------------------------------------------------------------
@@ -138,36 +207,50 @@ def first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else path.rstrip(".") or "(root)"
 
 
+def read_manifest(out: Path, what: str = "--out") -> dict:
+    """manifest.json of a rollout folder, each member of its type (others dropped); RolloutDirError
+    when it does not read as a memr1 rollout manifest."""
+    try:
+        manifest = json.loads(read_regular(out / "manifest.json", 64 << 20))
+    except (OSError, ValueError, RecursionError) as e:   # not a file, not UTF-8, not JSON, nested deep
+        raise RolloutDirError(f"{what} {out}: manifest.json is unreadable ({type(e).__name__}); use a new {what}") \
+            from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
+        raise RolloutDirError(f"{what} {out}: manifest.json is not a memr1 rollout manifest; use a new {what}")
+    for key in ("what", "paths", "counts"):
+        if not isinstance(manifest.get(key), dict):
+            manifest[key] = None if key == "counts" else {}
+    if not isinstance(manifest["what"].get("models"), dict):
+        manifest["what"]["models"] = {}
+    return manifest
+
+
 def open_dir(out: Path, what: dict, commit: str | None, rank: int = 0, paths: dict | None = None) -> dict:
     """Create `out` with its manifest, or check that the one there describes the same rollouts (`what`;
     the commit and the models' `paths` are recorded, not compared); returns the manifest. This rank's
     leftover temporary files of a killed run are removed."""
     path = out / "manifest.json"
     what = json.loads(json.dumps(what))   # as it reads back (tuples become lists)
-    if path.is_file():
-        try:
-            manifest = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RolloutDirError(f"--out {out}: manifest.json is unreadable ({type(e).__name__}); use a new --out") \
-                from None
-        if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
-            raise RolloutDirError(f"--out {out}: manifest.json is not a memr1 rollout manifest; use a new --out")
-        if (key := first_difference(manifest.get("what"), what)) is not None:
+    if os.path.lexists(path):
+        raw = read_manifest(out)
+        if (key := first_difference(raw["what"], what)) is not None:
             raise RolloutDirError(f"--out {out} holds rollouts of another setting ({key} differs); use a new --out "
                                   f"or the same command")
-        for tmp in out.glob(f".*-r{rank}.parquet.tmp"):
-            tmp.unlink()
-        return manifest
-    if out.exists() and any(out.iterdir()):
-        raise RolloutDirError(f"--out {out}: a folder with files but no manifest.json; use an empty or new folder")
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = {"kind": MANIFEST_KIND, "version": 1, "what": what, "commit": commit, "paths": paths or {},
-                "counts": None}
-    write_json(path, manifest)
+        for tmp in out.iterdir():   # unlink removes a planted link itself, never its target
+            if is_temporary(tmp.name) and (f"-r{rank}." in tmp.name or rank == 0 and "-r" not in tmp.name):
+                tmp.unlink(missing_ok=True)
+        return raw
+    try:
+        if out.exists() and any(out.iterdir()):
+            raise RolloutDirError(f"--out {out}: a folder with files but no manifest.json; use an empty or new folder")
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = {"kind": MANIFEST_KIND, "version": 1, "what": what, "commit": commit, "paths": paths or {},
+                    "counts": None}
+        write_json(path, manifest)
+    except OSError as e:   # under a file, in /proc, read-only, full
+        raise RolloutDirError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return manifest
 
 
 def write_json(path: Path, value) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")

@@ -20,7 +20,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from memr1.engine.rollout_files import MANIFEST_KIND, RolloutDirError, read_completions, write_json
+from memr1.engine.rollout_files import MANIFEST_KIND, RolloutDirError, read_completions, read_manifest, write_json
+from memr1.rl.fileio import read_regular, write_atomic
 
 EVENTS = ("ADD", "UPDATE", "DELETE", "NONE")
 PHASES = ("t_prompt_s", "t_generate_s", "t_fork_apply_s", "t_frozen_s", "t_reward_s")
@@ -38,8 +39,8 @@ def moments(values: list[float]) -> dict:
 
 def is_rollout_dir(path: Path) -> bool:
     try:
-        return json.loads((path / "manifest.json").read_text()).get("kind") == MANIFEST_KIND
-    except (OSError, ValueError, AttributeError, RecursionError):   # any file at all: not a rollout folder
+        return json.loads(read_regular(path / "manifest.json", 64 << 20)).get("kind") == MANIFEST_KIND
+    except (OSError, ValueError, AttributeError, RecursionError):   # any file at all, a FIFO: not a rollout folder
         return False
 
 
@@ -81,18 +82,24 @@ def summarize(out: Path, totals: dict | None = None, write: bool = True) -> dict
         "throughput": throughput(totals, out),
     }
     if write:
-        write_json(out / "summary.json", summary)
-        manifest = json.loads((out / "manifest.json").read_text())
-        write_json(out / "manifest.json", {**manifest, "counts": summary["counts"]})
+        manifest = read_manifest(out)
+        try:
+            write_json(out / "summary.json", summary)
+            write_json(out / "manifest.json", {**manifest, "counts": summary["counts"]})
+        except OSError as e:
+            raise RolloutDirError(f"{out}: cannot write the summary there ({e.strerror or e})") from None
     return summary
 
 
 def throughput(totals: dict | None, out: Path) -> dict:
-    if not totals or not totals.get("steps"):
+    if not totals or not totals.get("steps"):   # the previous run's, when it is a dict of numbers
         try:
-            return json.loads((out / "summary.json").read_text())["throughput"]
-        except (OSError, ValueError, KeyError):
+            kept = json.loads(read_regular(out / "summary.json", 64 << 20))["throughput"]
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
             return {}
+        if not isinstance(kept, dict):
+            return {}
+        return {k: v for k, v in kept.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     wall = totals["step_s"] + totals["write_s"]
     return {"rollouts_per_s": totals["rows"] / wall, "generated_tokens_per_s": totals["response_tokens"] / wall,
             "forks_per_s": totals["forks"] / wall, "bank_ops_per_s": totals["bank_ops"] / wall,
@@ -109,13 +116,12 @@ def write_report(path: Path, out_dir: Path | None = None) -> Path:
     """report.md and two figures of a rollout folder (its summary.json, else computed now)."""
     from memr1.engine.observe.figures import rollout_figures
 
+    default = out_dir is None
     out_dir = out_dir or path / "report"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RolloutDirError(f"--out {out_dir} exists and is not a folder")
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = read_manifest(path, "RUN_DIR")
     summary = summarize(path, write=False)
-    what = manifest.get("what") or {}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    what = manifest["what"]
+    make_out_dir(out_dir, default)
     table = read_completions(path, ["events", "status", "reward"]).to_pylist()
     figs = rollout_figures(table, summary["phases"]["seconds"], out_dir)
     c, t, r = summary["counts"], summary["throughput"], summary["reward"]
@@ -140,8 +146,22 @@ def write_report(path: Path, out_dir: Path | None = None) -> Path:
     lines += ["", "| status | share |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in summary["ops"]["status"].items()]
     lines += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figs]
     report = out_dir / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    try:
+        write_atomic(report, "\n".join(lines) + "\n")
+    except OSError as e:
+        raise RolloutDirError(f"--out {out_dir}: cannot write the report there ({e.strerror or e})") from None
     return report
+
+
+def make_out_dir(out_dir: Path, default: bool) -> None:
+    """The report's folder, created; RolloutDirError when it cannot be. The default one (inside the
+    folder reported on, which anyone may have written) must be a real folder, not a link elsewhere."""
+    if default and out_dir.is_symlink():
+        raise RolloutDirError(f"{out_dir} is a symbolic link; remove it or give --out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:   # a file, a folder under one, /proc, read-only
+        raise RolloutDirError(f"--out {out_dir}: cannot write the report there ({e.strerror or e})") from None
 
 
 def report_cli(args) -> int:

@@ -28,6 +28,7 @@ import msgspec
 
 from memr1.memory_store import MemoryBank
 from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.fileio import write_atomic
 from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.turns import apply_outcomes, decide, manager_turns
 
@@ -216,9 +217,3 @@ def _append(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, grounded, parse_facts
-from memr1.rl.banks import count_capped, generate_all, limit_turns, prepare_dir, text_of, write_atomic
+from memr1.rl.banks import count_capped, generate_all, limit_turns, prepare_dir, text_of
+from memr1.rl.fileio import write_atomic
 from memr1.rl.generation import SamplingConfig
 
 

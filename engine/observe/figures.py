@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from memr1.engine.observe.throughput import phase_seconds
+from memr1.rl.fileio import write_atomic
 from memr1.rl.eval_report import TABLE_ORDER
 
 DPI = 90
@@ -45,7 +46,8 @@ def _save(fig: Figure, path: Path, **margins) -> None:
     # drawing (a report must stay fast on long runs).
     fig.subplots_adjust(**{"left": 0.08, "right": 0.98, "top": 0.9, "bottom": 0.1, "hspace": 0.45,
                            "wspace": 0.25, **margins})
-    fig.savefig(path, dpi=DPI)
+    # A new file renamed into place: a symlink planted at `path` is replaced, never written through.
+    write_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
 
 
 def learning_curves(stage: str, rows: list[dict], keys: list[str], path: Path) -> dict:

@@ -78,14 +78,28 @@ def log_to(run_dir: Path) -> None:
     """Keep the records the terminal leaves out in `<run_dir>/run.log` (appended; once per process)."""
     if verbose():
         return
-    path = (Path(run_dir) / "run.log").resolve()
+    path = Path(run_dir).resolve() / "run.log"   # not resolved itself: a link there is refused, not followed
     for logger in (logging.getLogger("vllm"), _file_log):
         if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path for h in logger.handlers):
             continue
-        handler = logging.FileHandler(path)
+        handler = logging.FileHandler(path, delay=True)
+        handler.stream = open_log(path)
         handler.setLevel(logging.INFO)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         logger.addHandler(handler)
+
+
+def open_log(path: Path):
+    """`path` opened for appending, never through a symlink planted there, and only as a regular file
+    (a FIFO would block the run); OSError otherwise."""
+    import stat
+
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def tqdm_on_load() -> bool:

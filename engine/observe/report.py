@@ -17,6 +17,7 @@ from memr1.engine.observe import figures, throughput
 from memr1.engine.observe.run_files import read_comparisons, read_config, read_evals, read_metrics
 from memr1.engine.observe.traces import profile_section
 from memr1.rl.data.locomo import CATEGORY_NAMES
+from memr1.rl.fileio import write_atomic
 from memr1.rl.stats import bootstrap_mean, paired_bootstrap
 
 POLICIES = ("base", "warm", "trained")
@@ -106,11 +107,22 @@ def throughput_table(summaries: dict[str, dict]) -> list[str]:
 
 
 def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
-    """Write report.md, summary.json and the figures; returns report.md's path."""
+    """Write report.md, summary.json and the figures; returns report.md's path. Each goes to a new file
+    renamed into place (rl/fileio.write_atomic), so nothing planted in the folder is written through;
+    the default folder, inside the run folder, must itself be a folder and not a link elsewhere."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a directory")
     out = Path(out_dir) if out_dir else run_dir / "report"
+    if not out_dir and out.is_symlink():
+        raise ReportError(f"{out} is a symbolic link; remove it or give --out")
+    try:
+        return _write_report(run_dir, out)
+    except OSError as e:   # a file where a figure goes, a full disk
+        raise ReportError(f"{out}: cannot write the report there ({e.strerror or e})") from None
+
+
+def _write_report(run_dir: Path, out: Path) -> Path:
     t0 = time.perf_counter()
     missing: list[str] = []
     cfg = read_config(run_dir, missing)
@@ -182,8 +194,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     md[2:2] = ["## Missing", "", *([f"- {m}" for m in missing] or ["- nothing"]), ""]
     md += body + ["## Figures", "", *[f"- `{f}`: {d}" for f, d in figs], "",
                   f"_written in {time.perf_counter() - t0:.1f} s_", ""]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    (out / "report.md").write_text("\n".join(md))
+    write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    write_atomic(out / "report.md", "\n".join(md))
     return out / "report.md"
 
 

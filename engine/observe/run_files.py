@@ -1,6 +1,7 @@
 """What `memr1 report` reads from a run folder, read defensively: a run killed mid-write leaves torn
 lines, and the folder may hold anything at all. Each reader returns only well-formed values and notes
-what it passed over in `missing`, so the report shows what reads and names the rest."""
+what it passed over in `missing`, so the report shows what reads and names the rest. Only regular files
+are read (rl/fileio.read_regular): a FIFO or a device where a file was expected is passed over too."""
 import json
 import math
 import tomllib
@@ -9,15 +10,18 @@ from typing import Annotated
 
 import msgspec
 
+from memr1.rl.fileio import read_regular
+
 MAX_VALUE = 1e15   # a logged number beyond this is garbage: sums of them overflow the plots
 MAX_STEP = 10**9
+LIMIT = 1 << 30   # bytes read of any one file: a run's files are far smaller
 
 
 def read_json(path: Path):
     """(value, None), or (None, why) when the file does not read as JSON."""
     try:
-        return json.loads(Path(path).read_bytes()), None
-    except (OSError, ValueError, RecursionError) as e:   # not UTF-8, not JSON, nested too deep
+        return json.loads(read_regular(path, LIMIT)), None
+    except (OSError, ValueError, RecursionError) as e:   # not a file, not UTF-8, not JSON, nested too deep
         return None, type(e).__name__
 
 
@@ -35,8 +39,8 @@ def read_config(run_dir: Path, missing: list[str]) -> dict:
     if not path.is_file():
         return {}
     try:
-        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as e:   # not TOML, not UTF-8, a 5,000-digit integer
+        raw = tomllib.loads(read_regular(path, LIMIT).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:   # not a file, not TOML, not UTF-8, a 5,000-digit integer
         missing.append(f"config.toml: unreadable ({type(e).__name__}), so the configured stages are unknown")
         return {}
     keys = {("stages",): list[str], ("eval_split",): str, ("eval_after",): list[str], ("learner", "device"): str,
@@ -72,8 +76,13 @@ def read_metrics(run_dir: Path, missing: list[str]) -> list[dict]:
     if not path.is_file():
         missing.append("metrics.jsonl: none, so no training step was logged")
         return []
+    try:
+        lines = read_regular(path, LIMIT).splitlines()
+    except (OSError, ValueError) as e:
+        missing.append(f"metrics.jsonl: unreadable ({type(e).__name__}), so no training step is shown")
+        return []
     rows, bad, odd, huge = [], 0, 0, 0
-    for line in path.read_bytes().splitlines():
+    for line in lines:
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):   # torn by a kill, not UTF-8, nested too deep

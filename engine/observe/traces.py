@@ -4,6 +4,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from memr1.rl.fileio import read_regular
 from memr1.rl.spans import RANGES
 
 
@@ -43,7 +44,7 @@ def _table(events: list[dict], times: list[float], top: int) -> list[dict]:
 
 def summarize_trace(path: Path, top: int = 15) -> dict:
     """{"file", "window_ms", "ranges": [...], "top_ops": [...], "top_kernels": [...]} of one trace."""
-    events = json.loads(Path(path).read_text()).get("traceEvents", [])
+    events = json.loads(read_regular(path, 1 << 30)).get("traceEvents", [])
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
     window = (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)) / 1e3 if spans else 0.0
     ranges: dict[str, dict] = {}
@@ -87,7 +88,7 @@ def profile_section(cfg: dict, stages: dict, traces: list[Path], summary: dict, 
     for t in traces:
         try:
             s = summarize_trace(t)
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # any JSON at all
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # any file at all
             missing.append(f"profile/{t.parent.name}/{t.name}: unreadable ({type(e).__name__})")
             continue
         summary["profile"].append(s)
