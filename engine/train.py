@@ -83,14 +83,17 @@ def make_stage(run: Resolved, name: str, items, embedder, tokenizer, swap, lates
         its = its[: len(its) // world * world]
         scfg = StageConfig(steps=1, prompts_per_step=len(its), group_size=1, lr=scfg.lr)
         sampling = GREEDY.with_tokens(sampling.max_new_tokens)
+    refill = 0 if val or probe or not cfg.rollout.refill else \
+        max(1, (cfg.rollout.refill_max_prompts or scfg.prompts_per_step) // world)   # this rank's share
     if role == "manager":
         frozen = swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
         hint_n = getattr(scfg, "hints", 0)   # a control's settings carry no hints
         hints = Hints(hint_n, items.by_id, run.task.manager.list_unchanged) if not val and hint_n else None
-        stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world, hints)
+        stage = ManagerStage(its, frozen, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world, hints,
+                             refill)
         stage.item_stats = items.manager_stats(name, bank_manager)
     else:
-        stage = AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world)
+        stage = AnswerStage(its, embedder, scfg, sampling, run.task, cfg.reward, judge, rank, world, refill)
     return RejectionStage(stage, name) if n.kind == "rs" and not (val or probe) else stage
 
 

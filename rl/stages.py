@@ -6,8 +6,13 @@ reward is `rewards.manager_reward` (the answers' mean EM/F1/judge score minus pe
 AnswerStage: the answer turn gets G completions; the reward is `rewards.answer_reward`.
 Both build prompts and apply ops through rl/turns.py, exactly as evaluation does. Under data
 parallelism a stage rolls out only its rank's share of each step's items (`items.step_items`).
+
+Dynamic sampling (`refill`, DAPO's): a group whose completions all scored the same carries no GRPO
+signal. With refill on, such groups are dropped and more items are rolled out, a round at a time, until
+the step holds its configured number of informative groups or `refill` extra prompts were drawn.
 """
 import json
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -75,6 +80,46 @@ def reward_metrics(groups: list[Group]) -> dict:
     return out
 
 
+# rollout metrics that add up when a step rolls out more than once (refill): counts and phase times
+ADDED = ("response_tokens", "completions", "forks", "bank_ops", "frozen_answers", "frozen_prompts", "frozen_tokens",
+         "gen_s", "prompt_s", "score_s", "fork_s", "frozen_s")
+
+
+def informative(g: Group) -> bool:
+    """Whether GRPO can learn from the group: its completions did not all score the same."""
+    return len(set(g.rewards)) > 1
+
+
+def refill_items(items: list, step: int, drawn: int, n: int, rank: int) -> list:
+    """`n` more items for `step` (the refill's rounds so far drew `drawn`): a draw fixed by (step, drawn,
+    rank), so a resumed run refills as the first run did."""
+    rng = random.Random(f"refill {step} {drawn} {rank}")
+    return [items[i] for i in rng.sample(range(len(items)), min(n, len(items)))]
+
+
+def with_refill(stage, step: int, generator, first: Rollout) -> Rollout:
+    """`first` (the step's rollout) with its equal-reward groups replaced by informative groups of extra
+    items, rolled out in rounds of as many items as groups are missing, until the step holds as many
+    groups as it drew or `stage.refill` extra items were drawn. The metrics stay those of the step's own
+    items, with the extra work added to the counters and `refill_*` saying what was drawn and dropped."""
+    want = len(first.batch.groups)
+    keep = [g for g in first.batch.groups if informative(g)]
+    samples, metrics, drawn = list(first.samples), dict(first.metrics), 0
+    while len(keep) < want and drawn < stage.refill:
+        n = min(want - len(keep), stage.refill - drawn)
+        extra = stage.rollout_items(refill_items(stage.items, step, drawn, n, stage.rank), generator)
+        drawn += n
+        keep += [g for g in extra.batch.groups if informative(g)]
+        samples += extra.samples
+        for k in ADDED:
+            if k in extra.metrics:
+                metrics[k] = metrics.get(k, 0) + extra.metrics[k]
+    groups = keep[:want] or first.batch.groups   # none informative: the step as drawn (it trains nothing)
+    metrics.update(refill_drawn=drawn, refill_dropped=want + drawn - len(keep),
+                   informative_groups=sum(informative(g) for g in groups))
+    return Rollout(TrainBatch(groups, first.batch.weight_version), metrics, samples)
+
+
 def score_answers(texts: list[str], golds: list[str], questions: list[str], cfg: AnswerConfig,
                   reward: RewardConfig, judge) -> tuple[list, list[float]]:
     """Each answer parsed and scored with the reward's kind (the judge labels them all in one pass)."""
@@ -127,10 +172,11 @@ class ManagerStage:
     name = "manager"
 
     def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
-                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, hints=None):
+                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, hints=None, refill: int = 0):
         self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
+        self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
         self.hints = hints           # rl.hints.Hints: some completions start from the oracle's reply
         self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
 
@@ -170,8 +216,12 @@ class ManagerStage:
                              [len(f) for f in forks])
 
     def rollout(self, step: int, generator) -> Rollout:
+        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
+                                   generator)
+        return with_refill(self, step, generator, first) if self.refill else first
+
+    def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
-        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         turns = manager_turns([(it.bank, it.call) for it in items],
                               self.embedder, self.task.manager)
         prompt_s = time.perf_counter() - t0
@@ -218,14 +268,19 @@ class AnswerStage:
     name = "answer"
 
     def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
-                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1):
+                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, refill: int = 0):
         self.items, self.embedder, self.judge = items, embedder, judge
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
+        self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
 
     def rollout(self, step: int, generator) -> Rollout:
+        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
+                                   generator)
+        return with_refill(self, step, generator, first) if self.refill else first
+
+    def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
-        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
         requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
         prompts = answer_prompts(requests, self.embedder, self.task.answer)
         prompt_s = time.perf_counter() - t0

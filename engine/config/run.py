@@ -52,6 +52,11 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     temperature: Annotated[float, Meta(ge=0, le=100)] = 1.0    # 0: greedy
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
     top_k: Annotated[int, Meta(ge=-1, le=1 << 20)] = -1           # -1: off; 0 is refused in `check`
+    # Dynamic sampling (rl/stages.py): drop groups whose completions all scored the same and roll out more
+    # items until the step holds prompts_per_step informative groups, drawing at most refill_max_prompts
+    # extra items a step (0: as many as prompts_per_step). Call-level RL stages and their rs controls.
+    refill: bool = False
+    refill_max_prompts: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
 
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

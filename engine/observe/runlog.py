@@ -36,8 +36,9 @@ class RunLog:
                 self.tb.add_scalar(f"{m['stage']}/{k}", v, m["step"])
         shown = {"reward": m.get("reward_mean"), "em": m.get("em_mean"), "nll": m.get("nll"),
                  "val_em": m.get("val_em_mean")}
+        refill = {"refill": f"+{m['refill_drawn']}/-{m['refill_dropped']}"} if "refill_drawn" in m else {}
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items() if isinstance(v, (int, float))} |
-                             {"tok_s": f"{m.get('tokens_per_s', 0):.0f}"})
+                             {"tok_s": f"{m.get('tokens_per_s', 0):.0f}"} | refill)
         self.bar.update(1 if advance else 0)
 
     def close(self) -> None:
