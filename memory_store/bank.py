@@ -4,7 +4,7 @@ A bank on disk is a folder:
     MANIFEST.json          format, version, config, generation, next id, op count
     base-<gen>/            the immutable base segment (segment.py)
     log-<gen>.oplog        ops applied since that base, one checksummed record each (native)
-    LOCK                   held by the one writer
+    LOCK                   the writer's pid (the writer's lock is a flock on the folder itself)
 compact() writes base-<gen+1> and an empty log-<gen+1>, then swaps MANIFEST.json by rename; a crash at
 any point leaves the old or the new generation whole, and the next writer removes the other. Readers
 (mode="r") take a lease on their generation while they open it (storage.py), and copy the log rather
@@ -32,8 +32,8 @@ from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_sear
 from memr1.memory_store.records import (FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, apply_op,
                                         new_bank_id, replay)
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
-from memr1.memory_store.storage import (as_path, leased, lock, new_folder, open_generation, read_manifest, remove_stale,
-                                        unlock, write_generation)
+from memr1.memory_store.storage import (as_path, check_lock, clear_partial, leased, lock, new_folder, open_generation,
+                                        read_manifest, remove_stale, unlock, write_generation)
 from memr1.memory_store.writers import write_refusal, writers
 
 _NEVER = 1 << 62  # the compaction threshold of banks that never compact on their own
@@ -81,9 +81,22 @@ class MemoryBank:
         manifest = Manifest(FORMAT, VERSION, config, 0, len(memories), len(memories), len(memories), new_bank_id())
         if path is None:
             return cls._assemble(config, memory_segment(vectors, memories, config), manifest)
-        path = new_folder(path, "create a bank at")
-        write_generation(path, manifest, vectors, memories)
-        return cls.open(path, "rw")
+        return cls._write_new(path, manifest, vectors, memories, "create a bank at")
+
+    @classmethod
+    def _write_new(cls, path, manifest: Manifest, vectors, memories, doing: str) -> "MemoryBank":
+        """A new bank at `path`, open for writing. It is written under the writer lock that the open
+        keeps: a create killed before its manifest leaves a folder that no open reads and that the next
+        create clears (no other create is writing it then)."""
+        path = new_folder(path, doing)
+        lock_fd = lock(path)
+        try:
+            clear_partial(path, doing)
+            write_generation(path, manifest, vectors, memories)
+            return cls._load(path, read_manifest(path), None, lock_fd)
+        except BaseException:
+            unlock(lock_fd)
+            raise
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "rw", fsync: str | None = None) -> "MemoryBank":
@@ -187,6 +200,7 @@ class MemoryBank:
         """Top-k live memories by cosine similarity, reflecting every applied op."""
         k = check_search(k, speaker)
         core, segment = self._view
+        segment.check_mapped()
         rows, graphs = (None, []) if exact else segment.plan(speaker)
         ids, scores = core.search(vector, k, speaker, rows, graphs, int(k * self.config.hnsw_oversample))
         return SearchResult(ids, scores)
@@ -230,6 +244,8 @@ class MemoryBank:
             with self._write:
                 if self._job is None:  # else another thread's op started one meanwhile
                     self._check_writable()
+                    if self.path is not None:
+                        check_lock(self.path, self._lock_fd)  # the build writes into the folder
                     gen = compaction.build(self._core.fork(), self.config, self.path, self._manifest, self._segment)
                     old = compaction.commit(self, gen)
                     break
@@ -238,12 +254,10 @@ class MemoryBank:
 
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
-        path = new_folder(path, "save a bank to")
         core = self._core.fork()  # one state for both reads, whatever other threads apply meanwhile
         memories, vectors = compaction.live_rows(core)
-        write_generation(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn, len(memories),
-                                        new_bank_id()), vectors, memories)
-        return MemoryBank.open(path, "rw")
+        return MemoryBank._write_new(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn,
+                                                    len(memories), new_bank_id()), vectors, memories, "save a bank to")
 
     def sync(self) -> None:
         with self._write:
@@ -264,7 +278,12 @@ class MemoryBank:
                 if self._log is not None:
                     self._log.close()
                 if self._lock_fd is not None:
-                    remove_stale(self.path, self._manifest.generation)  # generations readers held at compaction
+                    try:
+                        check_lock(self.path, self._lock_fd)  # never clean a folder that replaced ours
+                    except BankError:
+                        pass  # the ops are in our folder's log, wherever it was moved
+                    else:
+                        remove_stale(self.path, self._manifest.generation)  # generations readers held
             finally:
                 if self._lock_fd is not None:
                     unlock(self._lock_fd)

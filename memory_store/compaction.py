@@ -33,8 +33,8 @@ from memr1.memory_store.errors import BankError, BankIOError
 from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
 from memr1.memory_store.segment import Segment, memory_segment
 from memr1.memory_store.segment_io import CarriedVectors
-from memr1.memory_store.storage import (commit_generation, discard_generation, open_generation, prepare_generation,
-                                        remove_stale)
+from memr1.memory_store.storage import (check_lock, commit_generation, discard_generation, open_generation,
+                                        prepare_generation, remove_stale)
 
 ROWS_PER_SLICE = 4096  # rows turned into Python objects per GIL hold while the snapshot is copied
 
@@ -69,6 +69,8 @@ def auto(bank) -> None:
     warning, and the next try waits until the rows past their threshold have doubled."""
     if bank._job is not None and bank._job.thread.is_alive():
         return  # one at a time: the running one replays this op (a job whose thread is gone: a forked copy)
+    if bank.path is not None:
+        check_lock(bank.path, bank._lock_fd)  # a build writes into the folder: it must still be this bank's
     if bank.config.auto_compact_background:
         bank._job = Background(bank)
         return
@@ -165,6 +167,7 @@ def commit(bank, gen: Generation) -> tuple:
     `finished`. On failure the bank keeps its own."""
     if bank.path is not None:
         try:
+            check_lock(bank.path, bank._lock_fd)
             gen.log.sync()  # the ops replayed into it were durable in the old log (fsync policy permitting)
             commit_generation(bank.path, gen.manifest)
         except BaseException:

@@ -136,6 +136,12 @@ def replay(core, payloads, where, sink=None) -> None:
             raise CorruptLog(f"op log record {i} of {where} cannot be replayed: {e}", -1) from e
 
 
+# Upper bounds of the config's counts: far past any use, and low enough that a bank written with them
+# opens again (a count of ops or rows fits the native core's int64; a larger HNSW beam fails to allocate).
+MAX_COUNT = 1 << 30
+MAX_EXPANSION = 1 << 16
+
+
 class BankConfig(msgspec.Struct, frozen=True):
     """How a bank stores and searches. Saved in its manifest; `open` may override the fsync policy.
     The ranges are checked when a bank is created or opened (inputs.make_config, storage.read_manifest)."""
@@ -144,13 +150,13 @@ class BankConfig(msgspec.Struct, frozen=True):
     # "never": page cache only (survives a killed process, not a power loss); "op": fsync every op;
     # "every_n": every `fsync_every` ops; "close": on close and compaction.
     fsync: Literal["never", "op", "every_n", "close"] = "close"
-    fsync_every: Annotated[int, Meta(ge=1)] = 64
+    fsync_every: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 64
     # Base segments with at least this many rows per speaker get an HNSW index; smaller ones are
     # searched exactly. bench.memory_ops measures where exact search stops being cheaper.
-    hnsw_threshold: Annotated[int, Meta(ge=0)] = 4_096  # bench.memory_ops' sweep: HNSW wins from ~4k rows
+    hnsw_threshold: Annotated[int, Meta(ge=0, le=MAX_COUNT)] = 4_096  # bench.memory_ops' sweep: HNSW wins from ~4k rows
     hnsw_connectivity: Annotated[int, Meta(ge=2, le=1024)] = 16  # usearch refuses 1
-    hnsw_expansion_add: Annotated[int, Meta(ge=1)] = 64
-    hnsw_expansion_search: Annotated[int, Meta(ge=1)] = 64
+    hnsw_expansion_add: Annotated[int, Meta(ge=1, le=MAX_EXPANSION)] = 64
+    hnsw_expansion_search: Annotated[int, Meta(ge=1, le=MAX_EXPANSION)] = 64
     # The graph is quantised (i8 builds ~3x faster than f32); its candidates are then re-scored
     # exactly in f32 from the memory-mapped vectors, `hnsw_oversample` x k of them, which restores recall.
     hnsw_dtype: Literal["f32", "f16", "i8"] = "i8"
@@ -172,7 +178,7 @@ class BankConfig(msgspec.Struct, frozen=True):
     # search_vs_dirty rows, and ops that compact (phase_ops, op rows).
     auto_compact_ratio: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.02
     auto_compact_dead_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.125
-    auto_compact_min_rows: Annotated[int, Meta(ge=1)] = 2_048
+    auto_compact_min_rows: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 2_048
     # True: the op that crosses the threshold starts the compaction in a background thread and returns;
     # ops and searches use the old generation until the new one is committed (compaction.py).
     # False: that op compacts before it returns (seconds at 1e5 rows).

@@ -52,6 +52,10 @@ class Segment:
                  orphans: dict[str, list[int]] | None = None, checks: tuple = ()):
         self.vectors = vectors
         self.memories = memories
+        # The file a base read from disk maps its vectors from, and the bytes the mapping covers (see
+        # check_mapped); None for vectors in memory.
+        mapped = getattr(vectors, "_mmap", None)   # np.memmap's mmap.mmap, whose size() is its file's
+        self._mapped = (mapped, vectors.nbytes, vectors.filename) if mapped is not None else None
         self.graphs = graphs
         self.checks = checks
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
@@ -69,6 +73,21 @@ class Segment:
 
     def __len__(self) -> int:
         return len(self.memories)
+
+    def check_mapped(self) -> None:
+        """BankFormatError when the vectors file this base maps has shrunk (a copy over a live bank
+        truncates it in place): reading a mapped page past the file's end kills the process (SIGBUS).
+        One fstat, before each search reads the mapping."""
+        if self._mapped is None:
+            return
+        mapped, need, file = self._mapped
+        try:
+            size = mapped.size()
+        except (OSError, ValueError):   # ValueError: the mapping was closed
+            size = -1
+        if size < need:
+            raise BankFormatError(f"{file} shrank to {max(size, 0)} bytes under this open bank, which maps "
+                                  f"{need}: the bank was overwritten while open; reopen it")
 
     @functools.cached_property
     def versions(self) -> tuple[np.ndarray, np.ndarray]:

@@ -40,16 +40,39 @@ def as_path(path) -> Path:
     return path
 
 
+# What a create (or save) writes before its manifest: a folder holding only these is one a killed create
+# left, which no open reads (no MANIFEST.json), and a create takes it over rather than refusing it.
+_CREATE_FILES = frozenset({"LOCK", "MANIFEST.json.tmp", "base-0", "base-0.tmp", "log-0.oplog"})
+
+
+def _left_by_create(path: Path) -> bool:
+    return all(entry.name in _CREATE_FILES for entry in path.iterdir())
+
+
 def new_folder(path, doing: str) -> Path:
-    """`path` as an empty folder, made if missing; BankError if it exists with anything in it."""
+    """`path` as a folder to write a new bank in: made if missing, empty, or left by a killed create
+    (which `clear_partial` empties under the writer lock); BankError if it holds anything else."""
     path = as_path(path)
     try:
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if path.exists() and (not path.is_dir() or not _left_by_create(path)):
             raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BankIOError(f"cannot {doing} {path}: {e.strerror or e}", e.errno or 0) from None
     return path
+
+
+def clear_partial(path: Path, doing: str) -> None:
+    """Under the writer lock: remove what a killed create left in `path` (new_folder let it through);
+    BankError if another create finished there meanwhile or put anything else in it."""
+    try:
+        if not _left_by_create(path):
+            raise BankError(f"cannot {doing} {path}: it already exists and is not an empty folder")
+        for entry in path.iterdir():
+            if entry.name != "LOCK":
+                _remove(entry)
+    except OSError as e:
+        raise BankIOError(f"cannot {doing} {path}: {e.strerror or e}", e.errno or 0) from None
 
 
 def _remove(entry: Path) -> None:
@@ -129,9 +152,33 @@ def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable
 
 
 def lock(path: Path) -> int:
-    file = path / "LOCK"
+    """The writer lock: an exclusive flock on the bank's folder itself. A lock on a file inside it would
+    go with that file's removal or replacement, letting a second writer in. LOCK holds only the
+    writer's pid, for the message another writer gets."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise BankIOError(f"cannot open {path}: {e.strerror}", e.errno or 0) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise BankLocked(f"bank {path} is already open for writing (by pid {_holder(path)}); "
+                         f"open it with mode='r' to read alongside") from None
+    except OSError as e:
+        os.close(fd)
+        raise BankIOError(f"cannot lock {path}: {e.strerror}", e.errno or 0) from None
+    try:
+        _write_pid(path / "LOCK")
+    except BaseException:
+        unlock(fd)
+        raise
+    return fd
+
+
+def _open_lock_file(file: Path, flags: int) -> int:
     try:  # never through a symlink (the pid would be written to its target), never waiting on a FIFO
-        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(file, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
         kind = {errno.EISDIR: "a directory", errno.ELOOP: "a symlink", errno.ENXIO: "a socket or FIFO"}.get(e.errno)
         if kind:
@@ -140,22 +187,44 @@ def lock(path: Path) -> int:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise BankFormatError(f"{file} is not a regular file; a bank's LOCK must be one")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise BankLocked(f"bank {path} is already open for writing (by pid {holder}); "
-                         f"open it with mode='r' to read alongside") from None
-    except OSError as e:
-        os.close(fd)
-        raise BankIOError(f"cannot lock {file}: {e.strerror}", e.errno or 0) from None
+    return fd
+
+
+def _write_pid(file: Path) -> None:
+    fd = _open_lock_file(file, os.O_RDWR | os.O_CREAT)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except OSError:
         pass  # the pid only improves the message another writer gets; a full disk must not stop an open
-    return fd
+    finally:
+        os.close(fd)
+
+
+def _holder(path: Path) -> str:
+    try:
+        fd = _open_lock_file(path / "LOCK", os.O_RDONLY)
+    except BankError:
+        return "unknown"
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+    finally:
+        os.close(fd)
+
+
+def check_lock(path: Path, fd: int) -> None:
+    """BankError unless `path` is still the folder the writer lock `fd` holds: a folder moved away and
+    another put in its place must not get this writer's commits (nor lose its files to remove_stale)."""
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        raise BankError(f"bank {path} was moved or replaced since this writer opened it; nothing more is "
+                        f"committed there: reopen the bank")
 
 
 def unlock(fd: int) -> None:
