@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.engine.checkpoints.files import weights_digest
 from memr1.engine.checkpoints.io import final_checkpoints
 from memr1.engine.config.caches import cache_dirs, model_identity
 from memr1.engine.config.errors import ConfigError
@@ -45,9 +46,12 @@ def cli_models(args) -> dict[str, Path]:
     """--checkpoint (one HF checkpoint for both trained roles, or a `memr1 train` run directory),
     then --manager / --answer for one role each."""
     models = role_models(args.checkpoint) if getattr(args, "checkpoint", None) else {}
+    flags = {role: "--checkpoint" for role in models}
     for role in ("manager", "answer"):
         if getattr(args, role, None):
-            models[role] = checked_model(getattr(args, role), f"--{role}")
+            models[role], flags[role] = checked_model(getattr(args, role), f"--{role}"), f"--{role}"
+    for path in {Path(p).resolve(): flags[r] for r, p in models.items()}.items():
+        weights_digest(*path)   # CheckpointError before any weight is used: damaged, or not what was saved
     return models
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.engine.checkpoints.files import CheckpointError
+from memr1.engine.checkpoints.files import CheckpointError, weights_digest
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.resolve import resolve
 from memr1.engine.config.run import load_config, make_embedder
@@ -36,29 +36,6 @@ RL_STAGES = ("manager", "answer", "manager_episode")
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step: fixed by the run seed and the step alone."""
     return (seed * 1_000_003 + step) % (2 ** 31 - 1)
-
-
-def model_digest(path: Path) -> str:
-    """The weights' SHA-256: from a memr1 checkpoint's manifest (written at save), the converted default's
-    source.sha256, else hashed here. Two folders with the same weights give the same digest."""
-    import hashlib
-
-    path = Path(path)
-    try:
-        files = json.loads((path / "manifest.json").read_text())["files"]
-        found = {n: f["sha256"] for n, f in files.items() if n.endswith(".safetensors")}
-        if found:
-            return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    if (path / "source.sha256").is_file():
-        return (path / "source.sha256").read_text().split()[0]
-    h = hashlib.sha256()
-    for f in sorted(path.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            while chunk := fh.read(8 << 20):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def git_commit() -> str | None:
@@ -166,7 +143,9 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
     out, role = run.run_dir.resolve(), stage_name(name).role
     used = {r: models[r] for r in ("manager", "answer") if r in models}
     what = {"stage": name, "split": split, "items": items_n, "world": world, "config": msgspec.to_builtins(cfg),
-            "models": {"base": model_digest(run.base_model), **{r: model_digest(p) for r, p in used.items()}}}
+            # each checked and hashed before any weight of it is used (checkpoints/files.py)
+            "models": {"base": weights_digest(run.base_model, "base model"),
+                       **{r: weights_digest(p, f"{r} checkpoint") for r, p in used.items()}}}
     barrier = torch_barrier if world > 1 else (lambda: None)
     paths = {"base": str(run.base_model), **{r: str(Path(p).resolve()) for r, p in used.items()}}
     if rank == 0:

@@ -109,3 +109,52 @@ def read_regular(path: str | Path, limit: int = 64 << 20) -> bytes:
     if len(data) > limit:
         raise ValueError(f"{path} is over {limit} bytes")
     return data
+
+
+# Bytes per element of each safetensors dtype; a dtype not here is checked for its offsets only.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER = 100 << 20   # safetensors' own bound on the header
+
+
+def safetensors_header(path: str | Path) -> dict:
+    """The header of a safetensors file, checked against the file before anything trusts it: its length
+    within the file, JSON of an object, each tensor's dtype, shape and byte range inside the data and of
+    the size its shape needs. ValueError naming what is wrong (a tampered length would otherwise be a
+    MemoryError or OverflowError, a missing member a KeyError)."""
+    import json
+    import math
+
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes: too short for a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER, size - 8):
+            raise ValueError(f"header length {n} runs past the file ({size} bytes) or over {MAX_HEADER}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"header is not JSON ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    data = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            if info is not None and not (isinstance(info, dict) and all(isinstance(v, str) for v in info.values())):
+                raise ValueError("__metadata__ is not an object of strings")
+            continue
+        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str)
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
+        if not (ok and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            raise ValueError(f"tensor {name[:100]!r}: no dtype, shape and data_offsets of their types")
+        start, end = offsets
+        if not 0 <= start <= end <= data:
+            raise ValueError(f"tensor {name[:100]!r}: bytes {start}..{end} outside the {data} bytes of data")
+        if info["dtype"] in DTYPE_BYTES and math.prod(shape) * DTYPE_BYTES[info["dtype"]] != end - start:
+            raise ValueError(f"tensor {name[:100]!r}: shape {shape} of {info['dtype']} does not fill bytes "
+                             f"{start}..{end}")
+    return header

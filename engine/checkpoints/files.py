@@ -4,9 +4,12 @@
     {"format": "memr1-checkpoint", "version": 1, "step": N,
      "files": {"model.safetensors": {"bytes": 270123456, "sha256": "..."}, ...}}
 It lists every file of the checkpoint, so a file that is missing, truncated or changed afterwards is
-found at load. Verification checks presence and sizes always, and the SHA-256 of each file when
-resuming (a few seconds per GB). A checkpoint written before manifests existed is accepted when
-its required files are there and its state.json reads.
+found at load. Verification checks presence and sizes always, every safetensors header against its
+file, and the SHA-256 of each file when resuming (a few seconds per GB). A checkpoint written before
+manifests existed is accepted when its required files are there and its state.json reads.
+`weights_digest` is what `memr1 eval` and `memr1 rollout` call on each model folder before any of
+its weights is used: the model files' SHA-256 against the manifest, and the digest of the weights as
+read now (the one a rollout manifest records).
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from typing import Annotated, Callable
 
 import msgspec
 from msgspec import Meta
+
+from memr1.rl.fileio import open_regular, safetensors_header
 
 MANIFEST = "manifest.json"
 FORMAT = "memr1-checkpoint"
@@ -36,7 +41,7 @@ class CheckpointError(ValueError):
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -62,8 +67,18 @@ def checkpoints(stage_dir) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def verify(path: Path, checksums: bool = True) -> str | None:
-    """What is wrong with the checkpoint at `path`, or None when it is whole."""
+def header_problem(f: Path) -> str | None:
+    try:
+        safetensors_header(f)
+    except (OSError, ValueError) as e:
+        return f"{f.name} is not a whole safetensors file ({e})"
+    return None
+
+
+def verify(path: Path, checksums: bool = True, state: bool = True, digests: dict | None = None) -> str | None:
+    """What is wrong with the checkpoint at `path`, or None when it is whole. `state=False`: the model
+    alone (the training state's *.pt files are neither required nor read); `digests` receives the
+    SHA-256 computed of each file checked."""
     path = Path(path)
     if not path.is_dir():
         return "not a folder"
@@ -73,26 +88,39 @@ def verify(path: Path, checksums: bool = True) -> str | None:
         manifest = None
     except (ValueError, RecursionError) as e:   # not JSON, not UTF-8, nested 100,000 deep
         return f"{MANIFEST} does not read ({type(e).__name__})"
+    required = [n for n in REQUIRED if state or not n.endswith(".pt")]
     if manifest is None:   # written before manifests: the required files and a readable state.json
-        missing = [n for n in REQUIRED if not (path / n).is_file() or (path / n).stat().st_size == 0]
+        missing = [n for n in required if not (path / n).is_file() or (path / n).stat().st_size == 0]
         if missing:
             return f"missing or empty: {', '.join(missing)}"
+        if problem := next(filter(None, map(header_problem, sorted(path.glob("*.safetensors")))), None):
+            return problem
     else:
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if (not isinstance(files, dict) or manifest.get("format") != FORMAT
                 or not all(isinstance(w, dict) and Path(n).name == n != ".." for n, w in files.items())):
             return f"{MANIFEST} is not a memr1 checkpoint manifest"   # a list, a string, a path outside
-        if missing := [n for n in REQUIRED if n not in files]:
+        if missing := [n for n in required if n not in files]:
             return f"{MANIFEST} does not list {', '.join(missing)}"
+        if extra := sorted(f.name for f in path.glob("*.safetensors") if f.name not in files):
+            return f"{extra[0]} is not in {MANIFEST}"   # it would be loaded with the listed weights
         for name, want in files.items():
             f = path / name
+            if not state and name.endswith(".pt"):
+                continue
             try:
                 if not f.is_file():
                     return f"{name} is missing"
                 if f.stat().st_size != want.get("bytes"):
                     return f"{name} has {f.stat().st_size} bytes, {want.get('bytes')} were written"
-                if checksums and _sha256(f) != want.get("sha256"):
-                    return f"{name} does not match its checksum"
+                if checksums:
+                    got = _sha256(f)
+                    if got != want.get("sha256"):
+                        return f"{name} does not match its checksum"
+                    if digests is not None:
+                        digests[name] = got
+                if name.endswith(".safetensors") and (problem := header_problem(f)):
+                    return problem
             except OSError as e:   # unreadable, or removed while being read
                 return f"{name} does not read ({e})"
     try:
@@ -101,6 +129,31 @@ def verify(path: Path, checksums: bool = True) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         return f"state.json does not read ({type(e).__name__}: {str(e)[:200]})"
     return None
+
+
+def weights_digest(path: str | Path, what: str = "checkpoint") -> str:
+    """Check a model folder before any weight of it is used, and return its weights' SHA-256 as read
+    now: with a memr1 manifest, every model file against its recorded SHA-256 (the training state is
+    not loaded, so not read); every *.safetensors header against its file. The digest is over
+    {file name: SHA-256} of the *.safetensors files, so two folders with the same weights give the
+    same digest, and a manifest cannot vouch for weights other than those read."""
+    path = Path(path)
+    digests: dict[str, str] = {}
+    if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
+        if (problem := verify(path, checksums=True, state=False, digests=digests)) is not None:
+            raise CheckpointError(f"{what} {path}: {problem}")
+    weights = sorted(f.name for f in path.glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"{what} {path}: no *.safetensors weights there")
+    for name in weights:
+        if name not in digests:
+            if (problem := header_problem(path / name)) is not None:
+                raise CheckpointError(f"{what} {path}: {problem}")
+            try:
+                digests[name] = _sha256(path / name)
+            except OSError as e:
+                raise CheckpointError(f"{what} {path}: {name} does not read ({e})") from None
+    return hashlib.sha256(json.dumps({n: digests[n] for n in weights}, sort_keys=True).encode()).hexdigest()
 
 
 def best_step(stage_dir) -> int | None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from memr1.engine.checkpoints.files import CheckpointError, best_step, newest_whole, verify, write_manifest
+from memr1.engine.checkpoints.files import CheckpointError, best_step, checkpoints, verify, write_manifest
 from memr1.engine.config.stages import stage_name
 
 
@@ -47,13 +47,16 @@ MODEL_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vo
 
 def final_checkpoint(stage_dir) -> Path | None:
     """The checkpoint a stage hands on: the best one by validation (best.json) when the stage
-    validated, else its latest; either only with all its files there."""
+    validated, else its latest that is whole. Its model files are checked against their SHA-256 here
+    (the training state it does not hand on is not read): the next stage loads its weights, and the
+    best one may be older than any a resume verified."""
     best = best_step(stage_dir)
+    whole = lambda p: verify(p, checksums=True, state=False) is None   # noqa: E731
     if best is not None:
         path = Path(stage_dir) / "checkpoints" / f"step_{best}"
-        if verify(path, checksums=False) is None:
+        if whole(path):
             return path
-    return newest_whole(stage_dir)
+    return next((p for p in checkpoints(stage_dir) if whole(p)), None)
 
 
 def final_checkpoints(run_dir, stages: list[str]) -> dict[str, Path]:

@@ -9,12 +9,12 @@ Two ways in:
   first tensor is drawn, then each tensor is checked as it arrives and dropped once loaded.
 `push_weights` is the one path from a learner to a generator, and takes the second way.
 """
-import json
-import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+
+from memr1.rl.fileio import safetensors_header
 
 # Names a checkpoint may carry as an alias of another tensor (tied embeddings): accepted and skipped.
 TIED_ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -27,9 +27,10 @@ def checkpoint_manifest(model_dir: Path) -> dict[str, tuple[int, ...]]:
         raise ValueError(f"{model_dir} holds no *.safetensors files")
     shapes = {}
     for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
+        try:
+            header = safetensors_header(f)
+        except (OSError, ValueError) as e:   # damaged: a tampered length, not JSON, a missing member
+            raise ValueError(f"{f}: not a whole safetensors file ({e})") from None
         for name, info in header.items():
             if name != "__metadata__":
                 shapes[name] = tuple(info["shape"])
