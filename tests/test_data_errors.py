@@ -146,6 +146,11 @@ def test_one_msc_row_per_line_is_still_msc(tmp_path):
     (lambda c: c["conversation"]["session_1"][0].update(dia_id=""), "'dia_id' should be 1 to 64 bytes, got 0"),
     (lambda c: c["conversation"]["session_1"][0].update(dia_id="D" * 65), "'dia_id' should be 1 to 64 bytes, got 65"),
     (lambda c: c["conversation"]["session_1"][0].update(dia_id="D\ud800"), "'dia_id' is not valid Unicode"),
+    (lambda c: c["conversation"].update(session_01=c["conversation"].pop("session_1")),
+     "session key 'session_01' is not session_<N>"),
+    (lambda c: c["conversation"].update({"session_\u0661": c["conversation"].pop("session_1")}),
+     "session key 'session_\u0661' is not session_<N>"),
+    (lambda c: c["conversation"].update({"session_" + "9" * 5000: []}), "is not session_<N>"),
 ])
 def test_wrongly_typed_locomo_fields_are_errors_not_guesses(tmp_path, mutate, match):
     data = synthesize(1, seed=2)

@@ -176,7 +176,13 @@ def test_synth_cli_writes_a_loadable_file(tmp_path, capsys):
     assert len(convs) == 12 and convs[0].sample_id == "synth-7-0000"
     assert json.loads(out.read_text()) == synthesize(12, seed=7)
     assert synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0)) == 2
-    assert "--conversations must be >= 1" in capsys.readouterr().err
+    assert "--conversations must be 1 to" in capsys.readouterr().err
+    assert synth_cli(SimpleNamespace(out=str(out), conversations=10 ** 9, seed=0)) == 2   # refused at once
+    assert "--conversations must be 1 to" in capsys.readouterr().err
+    # a device where the file cannot be written (a full disk, /proc) is one line, and no torn file stays
+    assert cli_main(["data", "synth", "--out", "/proc/memr1-synth.json", "--conversations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out /proc/memr1-synth.json: cannot write it") and err.count("\n") == 1
     # Only the file is created, never a folder for it (a mistyped path is an error).
     assert cli_main(["data", "synth", "--out", str(tmp_path / "sub" / "x.json")]) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "sub").exists()

@@ -103,6 +103,10 @@ def _session_numbers(conv: dict, where: str) -> list[int]:
     numbers = []
     for k, v in conv.items():
         if m := re.fullmatch(r"session_(\d+)", k):
+            # the turns are looked up again as f"session_{n}": only the canonical spelling finds them
+            if not re.fullmatch(r"[1-9][0-9]{0,8}|0", m.group(1), re.ASCII):
+                raise DataError(f"{where}: session key {k[:60]!r} is not session_<N> with N in ASCII digits "
+                                f"without leading zeros")
             if not isinstance(v, list):   # a session in another shape would otherwise vanish unnoticed
                 raise DataError(f"{where}: {k} should be a list of turns, got {type(v).__name__}")
             numbers.append(int(m.group(1)))
