@@ -9,6 +9,7 @@ import pytest
 from learner_helpers import make_batch
 from loop_fakes import FakeGenerator, FakeLearner, FakeStage
 from memr1.engine.checkpoints import files as cm
+from memr1.engine.checkpoints import io as checkpoint
 from memr1.engine.config.run import LoopConfig
 from memr1.engine.loop import Loop, RolloutError
 from memr1.engine.training.config import LearnerConfig
@@ -26,7 +27,7 @@ def saved(tiny, tmp_path_factory):
     lrn = learner(tiny)
     for step in (1, 2):
         lrn.train_step(make_batch(seed=step))
-        lrn.save_checkpoint(str(stage), step, {"step": step})
+        checkpoint.save(lrn, str(stage), step, {"step": step})
     return stage
 
 
@@ -94,7 +95,7 @@ def test_damage_is_found_and_resume_falls_back_saying_so(stage, damage, tiny):
     said = []
     assert cm.usable_checkpoint(stage, say=said.append) == stage / "checkpoints" / "step_1"
     assert len(said) == 1 and "falling back to" in said[0] and "step_2" in said[0]
-    assert learner(tiny).load_checkpoint(str(stage / "checkpoints" / "step_1"))["step"] == 1
+    assert checkpoint.load(learner(tiny), str(stage / "checkpoints" / "step_1"))["step"] == 1
 
 
 def test_a_checkpoint_from_before_manifests_is_checked_for_its_files(stage):
@@ -119,13 +120,13 @@ def test_a_missing_rng_file_is_refused_at_load_too(stage, tiny):
     path = stage / "checkpoints" / "step_2"
     (path / "rng_rank0.pt").unlink()   # load itself (past verification) does not accept it silently
     with pytest.raises(cm.CheckpointError, match="no rng_rank0.pt"):
-        learner(tiny).load_checkpoint(str(path))
+        checkpoint.load(learner(tiny), str(path))
 
 
 def test_pruning_keeps_the_newest_best_json_and_a_good_one(tiny, tmp_path):
     lrn = learner(tiny)
     for step in range(1, 6):
-        lrn.save_checkpoint(str(tmp_path), step)
+        checkpoint.save(lrn, str(tmp_path), step)
     (tmp_path / "best.json").write_text(json.dumps({"step": 2, "score": 1.0}))
     names = lambda: sorted(p.name for p in cm.checkpoints(tmp_path))   # noqa: E731
     assert [p.name for p in cm.prune(tmp_path, 2)] == ["step_3", "step_1"]
@@ -141,8 +142,8 @@ def test_pruning_keeps_the_newest_best_json_and_a_good_one(tiny, tmp_path):
 def test_the_configured_lr_wins_on_resume(stage, tiny):
     path = str(stage / "checkpoints" / "step_2")
     same, changed = learner(tiny), learner(tiny, lr=5e-4)
-    same.load_checkpoint(path)
-    changed.load_checkpoint(path)
+    checkpoint.load(same, path)
+    checkpoint.load(changed, path)
     # warmup 4: step 2's rate is 3/4 of the base, for either base
     assert same.optim.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4)
     assert changed.optim.param_groups[0]["lr"] == pytest.approx(5e-4 * 3 / 4)
