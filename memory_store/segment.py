@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import stat
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,6 +43,12 @@ class SearchResult(NamedTuple):
     scores: np.ndarray  # float32 cosine similarity
 
 
+def _check_size(file, size: int, need: int) -> None:
+    if size < need:
+        raise BankFormatError(f"{file} shrank to {max(size, 0)} bytes under this open bank, which maps {need}: "
+                              f"the bank was overwritten while open; reopen it")
+
+
 class Segment:
     """Shared, read-only state of a base. `rows_by_speaker` lists base rows per speaker; speakers
     in `graphs` (native views of their saved HNSW indexes) are searched through the graph plus the
@@ -56,6 +63,7 @@ class Segment:
         # check_mapped); None for vectors in memory.
         mapped = getattr(vectors, "_mmap", None)   # np.memmap's mmap.mmap, whose size() is its file's
         self._mapped = (mapped, vectors.nbytes, vectors.filename) if mapped is not None else None
+        self._graph_files = []   # (fd, size, path) of the graph files the native views map (watch_graphs)
         self.graphs = graphs
         self.checks = checks
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
@@ -78,16 +86,27 @@ class Segment:
         """BankFormatError when the vectors file this base maps has shrunk (a copy over a live bank
         truncates it in place): reading a mapped page past the file's end kills the process (SIGBUS).
         One fstat, before each search reads the mapping."""
-        if self._mapped is None:
-            return
-        mapped, need, file = self._mapped
-        try:
-            size = mapped.size()
-        except (OSError, ValueError):   # ValueError: the mapping was closed
-            size = -1
-        if size < need:
-            raise BankFormatError(f"{file} shrank to {max(size, 0)} bytes under this open bank, which maps "
-                                  f"{need}: the bank was overwritten while open; reopen it")
+        if self._mapped is not None:
+            mapped, need, file = self._mapped
+            try:
+                size = mapped.size()
+            except (OSError, ValueError):   # ValueError: the mapping was closed
+                size = -1
+            _check_size(file, size, need)
+        for fd, need, file in self._graph_files:
+            try:
+                size = os.fstat(fd).st_size
+            except OSError:
+                size = -1
+            _check_size(file, size, need)
+
+    def watch_graphs(self, files: list[Path]) -> None:
+        """Have check_mapped check these files too: the graphs' native views map them. A descriptor of
+        each is kept for that (the views keep none), closed with this segment."""
+        for file in files:
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            weakref.finalize(self, os.close, fd)
+            self._graph_files.append((fd, os.fstat(fd).st_size, file))
 
     @functools.cached_property
     def versions(self) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +289,12 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
         if speaker not in graphs or any(not 0 <= r < base_rows for r in rows):
             raise BankFormatError(f"{folder.parent}/MANIFEST.json: graph_orphans of {speaker!r} name no graph's "
                                   f"rows: the bank is damaged")
-    return Segment(vectors, memories, graphs, orphans, checks)
+    segment = Segment(vectors, memories, graphs, orphans, checks)
+    try:
+        segment.watch_graphs([folder / f"hnsw-{i}.usearch" for i in range(len(speakers_indexed))])
+    except OSError as e:
+        raise BankIOError(f"cannot open the graphs of {folder}: {e.strerror or e}", e.errno or 0) from None
+    return segment
 
 
 def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
