@@ -110,6 +110,71 @@ def gae_lfilter(r, v, m, gamma: float, lam: float):
     return adv, torch.where(m, adv + v[:, :T], 0.0)
 
 
+_numba_kernels: dict = {}
+
+
+def numba_gae_kernels() -> dict:
+    """The numba GAE loops, compiled on first use (importing numba costs a second): what a user who
+    reaches for numba writes on memr1's semantics. `row`: one reverse loop over time per row, the
+    advantage carried in float64 (gamma is a Python float) and each output rounded once to the array's
+    dtype, as memr1's kernel does; `row_parallel`: the same with rows under prange, the fair baseline
+    when memr1 runs on several threads; `time_major`: the loop over rows innermost, so that a SIMD lane
+    can hold a row. All with numba's defaults otherwise (fastmath off)."""
+    if _numba_kernels:
+        return _numba_kernels
+    import numba
+
+    def row(r, v, m, gamma, lam, adv, ret):
+        n, T = r.shape
+        gl = gamma * lam
+        for i in numba.prange(n):
+            next_v = np.float64(v[i, T])
+            run = 0.0
+            for t in range(T - 1, -1, -1):
+                if m[i, t]:
+                    run = r[i, t] + gamma * next_v - v[i, t] + gl * run
+                    next_v = v[i, t]
+                    adv[i, t] = run
+                    ret[i, t] = run + v[i, t]
+                else:
+                    adv[i, t] = 0.0
+                    ret[i, t] = 0.0
+
+    def time_major(r, v, m, gamma, lam, adv, ret):
+        n, T = r.shape
+        gl = gamma * lam
+        run = np.zeros(n)
+        next_v = v[:, T].astype(np.float64)
+        for t in range(T - 1, -1, -1):
+            for i in range(n):
+                real = m[i, t]
+                vt = np.float64(v[i, t])
+                step = r[i, t] + gamma * next_v[i] - vt + gl * run[i]
+                run[i] = step if real else run[i]
+                next_v[i] = vt if real else next_v[i]
+                adv[i, t] = run[i] if real else 0.0
+                ret[i, t] = run[i] + vt if real else 0.0
+
+    _numba_kernels.update(row=numba.njit(row), row_parallel=numba.njit(row, parallel=True),
+                          time_major=numba.njit(time_major))
+    return _numba_kernels
+
+
+def gae_numba(r, v, m, gamma: float, lam: float, kernel: str = "row"):
+    """A numba GAE loop (numba_gae_kernels) on CPU tensors: values [N, T+1], outputs of the rewards'
+    dtype, allocated per call as memr1's are, handed back as tensors (no copies either way)."""
+    rn, vn, mn = r.numpy(), v.numpy(), m.numpy()
+    adv, ret = np.empty(rn.shape, rn.dtype), np.empty(rn.shape, rn.dtype)
+    numba_gae_kernels()[kernel](rn, vn, mn, gamma, lam, adv, ret)
+    return torch.from_numpy(adv), torch.from_numpy(ret)
+
+
+def gae_bytes(n: int, T: int, itemsize: int = 4, mask_itemsize: int = 1) -> int:
+    """What GAE over [N, T] reads and writes at the least: rewards, values with their bootstrap column
+    and the mask once, the advantages and returns once."""
+    return n * T * (itemsize + mask_itemsize + 2 * itemsize) + n * (T + 1) * itemsize
+
+
 def gae_truth(r: list, v: list, m: list, gamma: float, lam: float) -> list:
     """Scalar reference over Python floats (float64), one sequence at a time."""
     out = []

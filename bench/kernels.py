@@ -13,10 +13,17 @@ against a float64 two-pass reference on the same fp32 rewards. `headline` in the
 over memr1's per size and case, mode-matched (eager over eager, compiled over compiled; above 1: memr1
 is faster); its `extra` keys hold the mixed-mode ratios (verl's best over memr1's best, verl eager and
 verl compiled each over memr1's faster path, and the torch reference path's), never the headline.
-gae: memr1's default path (the C++ loop on CPU, on torch's intra-op threads; Triton on CUDA) and its
-torch reference against the loop over time vectorised over the batch (verl's form), that loop with its
-body compiled (`batched_loop_compiled`), and on CPU scipy.signal.lfilter over each sequence's
-masked-in steps (`scipy_lfilter`); errors against a scalar float64 loop.
+gae: memr1's default path (the C++ kernel on CPU, on torch's intra-op threads; Triton on CUDA) and its
+torch reference against numba loops (`numba_loop`: a reverse loop over time per row, the headline
+baseline; `numba_prange`: its rows under prange, the headline baseline when torch has several threads,
+numba getting as many; `numba_time_major`: rows innermost), the loop over time vectorised over the batch
+(verl's form), that loop with its body compiled (`batched_loop_compiled`), and on CPU
+scipy.signal.lfilter over each sequence's masked-in steps (`scipy_lfilter`); errors against a scalar
+float64 loop, every side's outputs checked against memr1's before timing. `stream_copy` is the
+bandwidth floor: a numpy copy of as many bytes as GAE must read and write at the least, timed in the
+same rounds; the headline gives its share of memr1's time. Sizes 64x256, 256x1024 (quick: these two)
+and 1024x2048, rows of random length with a masked step inside each; glibc's malloc thresholds are
+pinned for these rows (pin_malloc) so that no row pays page faults for the row before it.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
 path against the naive path (log_softmax of the full logits, gather), TRL's selective_log_softmax over
 full logits, and TRL's chunked log-prob function, the one its GRPO trainer calls through its fused LM
@@ -155,8 +162,9 @@ def headline(rows) -> list[dict]:
     """The ratios issue 33 sets targets on, each baseline's time over memr1's (above 1: memr1 faster).
     grpo_advantage per size and case, mode-matched: verl's vectorised form over memr1's `auto` path, eager
     over eager and compiled over compiled (target 1.0 compiled); the mixed-mode ratios ride along in
-    `mixed`, never as a headline. gae: the compiled time loop over memr1's path (target 2.0) and scipy's
-    lfilter. logprobs: TRL's chunked function over memr1's, in time (target 1.0) and peak memory."""
+    `mixed`, never as a headline. gae: the per-row numba loop over memr1's path (target 1.5 at 256x1024
+    and 1024x2048; numba's prange loop instead when torch has several threads), with the share of the
+    bandwidth floor memr1 reaches (target 0.5), the time-major numba loop and scipy's lfilter. logprobs: TRL's chunked function over memr1's, in time (target 1.0) and peak memory."""
     out, cells = [], {}
     for r in rows:
         if r["ms"] is not None:
@@ -180,7 +188,19 @@ def headline(rows) -> list[dict]:
                 "torch_reference_eager": ms["verl_vectorised"] / ms["memr1_torch"],
                 "torch_reference_compiled": ms["verl_vectorised_compiled"] / ms["memr1_torch_compiled"]})
         elif kernel == "gae":
-            entry("over the compiled loop", "batched_loop_compiled", eager, target=2.0)
+            target = 1.5 if size in GAE_TARGET_SIZES else None
+            numba_row = "numba_prange" if "numba_prange" in got else "numba_loop"
+            floor = {}
+            if "stream_copy" in got and eager in got:
+                floor = {"floor_ms": ms["stream_copy"], "floor_share": ms["stream_copy"] / ms[eager],
+                         "floor_bytes": got["stream_copy"]["bytes"]}
+            entry("over the numba loop", numba_row, eager, target=target, **floor)
+            if floor:
+                out.append(headline_entry(
+                    f"gae {size}: share of the bandwidth floor", floor["floor_share"], f"{eager} {size}",
+                    f"stream_copy {size}", f"a numpy copy of the {floor['floor_bytes']} bytes GAE moves at the least, "
+                    f"its ms over {eager}'s", unit="share", target=0.5 if target else None))
+            entry("over the time-major numba loop", "numba_time_major", eager)
             entry("over scipy lfilter", "scipy_lfilter", eager)
         elif kernel == "logprobs":
             entry("time over TRL's chunked", "trl_chunked", eager, target=1.0)
@@ -189,8 +209,34 @@ def headline(rows) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- gae
-def bench_gae(device, quick, rows):
-    for n, T in ([(64, 256)] if quick else [(64, 256), (256, 1024), (1024, 2048)]):
+GAE_SIZES = ((64, 256), (256, 1024), (1024, 2048))  # quick runs stop at 256x1024
+GAE_TARGET_SIZES = ("256x1024", "1024x2048")  # where issue 64 sets its targets
+
+
+def pin_malloc() -> str:
+    """Fix glibc's malloc thresholds for the GAE rows: by default they move with what was freed last,
+    and a heap trimmed after one impl's free hands the next impl fresh pages, a page fault per 4 KB of
+    output (several ms at 1024x2048), so a row's time would depend on the row before it. Pinned, every
+    impl reuses freed memory, as a trainer's long-running process does once its allocator has settled."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(-3, 32 << 20) and libc.mallopt(-1, 1 << 30)  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        ok = False
+    return "glibc mallopt: mmap threshold 32 MiB, trim threshold 1 GiB" if ok else "allocator defaults"
+
+
+def bench_gae(device, quick, rows, sizes=None):
+    """memr1's GAE against numba loops (per row, the headline baseline; rows under prange when torch has
+    several threads; time-major), verl's batched loop eager and with its body compiled, scipy's filter;
+    and a numpy copy of the bytes GAE must move at the least (`stream_copy`: the bandwidth floor)."""
+    threads = torch.get_num_threads()
+    malloc = pin_malloc() if device == "cpu" else None
+    if device == "cpu" and threads > 1:
+        import numba
+        numba.set_num_threads(threads)
+    for n, T in sizes or (GAE_SIZES[:2] if quick else GAE_SIZES):
         g = torch.Generator().manual_seed(T)
         r = torch.randn(n, T, generator=g, dtype=torch.float64).float()
         v = torch.randn(n, T + 1, generator=g, dtype=torch.float64).float()
@@ -202,17 +248,41 @@ def bench_gae(device, quick, rows):
         impls = {"memr1_torch": lambda: gae(rd, vd, md, 0.99, 0.95, impl="torch"),
                  "batched_loop": lambda: base.gae_batched(rd, vd, md, 0.99, 0.95),
                  "batched_loop_compiled": lambda: base.gae_batched_compiled(rd, vd, md, 0.99, 0.95)}
-        if device == "cpu":  # scipy filters numpy arrays
+        floor = {}
+        if device == "cpu":  # scipy and numba take numpy arrays
             impls["scipy_lfilter"] = lambda: base.gae_lfilter(rd, vd, md, 0.99, 0.95)
+            impls["numba_loop"] = lambda: base.gae_numba(rd, vd, md, 0.99, 0.95)
+            impls["numba_time_major"] = lambda: base.gae_numba(rd, vd, md, 0.99, 0.95, "time_major")
+            if threads > 1:
+                impls["numba_prange"] = lambda: base.gae_numba(rd, vd, md, 0.99, 0.95, "row_parallel")
+            import numpy as np
+            floor["bytes"] = base.gae_bytes(n, T)
+            src = np.ones(floor["bytes"] // 2, dtype=np.uint8)  # read half, write half
+            dst = np.empty_like(src)
+            impls["stream_copy"] = lambda: (np.copyto(dst, src), None)
         if device == "cuda" and triton_available():
             impls["memr1_triton"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="triton")
         if device == "cpu" and native_available():
             impls["memr1_native"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="native")
+        # Every side is checked before any is timed: the same outputs, to float32 rounding.
+        ours = gae(rd, vd, md, 0.99, 0.95)
+        for name, fn in impls.items():
+            if name != "stream_copy":
+                adv, ret = fn()
+                for got, want in ((adv, ours[0]), (ret, ours[1])):
+                    if not torch.allclose(got.double().cpu(), want.double().cpu(), rtol=1e-4, atol=1e-4):
+                        raise AssertionError(f"gae {n}x{T}: {name}'s outputs differ from memr1's")
         outs, ms, _ = measure(impls, device, 10)
         for impl in impls:
-            err = (outs[impl][0].double().cpu() - truth).abs().max().item()
-            row = {"kernel": "gae", "impl": impl, "size": f"{n}x{T}", "device": device, "ms": ms[impl],
-                   "max_abs_err": err}
+            row = {"kernel": "gae", "impl": impl, "size": f"{n}x{T}", "device": device, "ms": ms[impl]}
+            if impl == "stream_copy":
+                row.update(max_abs_err=None, bytes=floor["bytes"], gbps=round(floor["bytes"] / ms[impl] / 1e6, 2))
+            else:
+                row["max_abs_err"] = max((outs[impl][0].double().cpu() - truth).abs().max().item(),
+                                         (outs[impl][1].double().cpu() - torch.where(m, truth + v[:, :T].double(), 0.0))
+                                         .abs().max().item())
+            if malloc:
+                row["malloc"] = malloc
             rows.append(row)
             print_row(row)
 
@@ -284,7 +354,7 @@ def add_ratios(rows):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m memr1.bench.kernels", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="sizes up to 64k, one GAE shape, B=2 log-probs")
+    p.add_argument("--quick", action="store_true", help="sizes up to 64k, GAE up to 256x1024, B=2 log-probs")
     p.add_argument("--json", default=None, help="write {bench, machine, rows, headline, settings} here")
     p.add_argument("--only", default="grpo,gae,logprobs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -293,6 +363,8 @@ def main(argv=None) -> int:
                    help="rounds of log-prob worker runs, each impl once per round in a new order (default 5; --quick 1)")
     p.add_argument("--logprob-shape", type=lambda x: tuple(int(n) for n in x.split(",")), default=None,
                    help="B,T,H,V of the log-prob runs (default 8,1024,576,49152; --quick B=2)")
+    p.add_argument("--gae-sizes", type=lambda x: [tuple(int(k) for k in s.split("x")) for s in x.split(",")],
+                   default=None, help="NxT,... of the GAE rows instead of the default sizes")
     args = p.parse_args(argv)
     if args.logprob_rounds is None:
         args.logprob_rounds = 1 if args.quick else 5
@@ -300,7 +372,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     torch._logging.set_logs(dynamo=logging.ERROR)
     rows = []
-    parts = {"grpo": bench_grpo, "gae": bench_gae,
+    parts = {"grpo": bench_grpo, "gae": lambda *a: bench_gae(*a, sizes=args.gae_sizes),
              "logprobs": lambda *a: bench_logprobs(*a, rounds=args.logprob_rounds, shape=args.logprob_shape)}
     print(HEADER)
     for name in args.only.split(","):
@@ -320,6 +392,7 @@ def main(argv=None) -> int:
             "quick": args.quick, "only": args.only, "device": args.device, "threads": torch.get_num_threads(),
             "group": GROUP, "eps": base.EPS, "std": "unbiased", "min_calls": MIN_CALLS,
             "grpo_rounds": {n: grpo_rounds(n) for n in GRPO_SIZES}, "gae_gamma_lam": [0.99, 0.95],
+            "gae_sizes": [f"{n}x{T}" for n, T in args.gae_sizes or (GAE_SIZES[:2] if args.quick else GAE_SIZES)],
             "logprob_rounds": args.logprob_rounds,
             "compile": "torch.compile(dynamic=True), one for all sizes"})
     return 0

@@ -1,6 +1,6 @@
 """Generalised advantage estimation (PPO) as a reverse scan over time: a Triton kernel for CUDA
-tensors, a C++ loop for CPU tensors (the operator memr1::gae_cpu of csrc/gae.cpp), and the torch
-reference that both are tested against.
+tensors, a C++ kernel for CPU tensors (the operator memr1::gae_cpu of csrc/gae.cpp: a vectorised scan
+on CPUs with AVX-512, a loop elsewhere), and the torch reference that all are tested against.
 
 Semantics (shared by all three):
 - values is [N, T+1], where values[:, T] is the value after the last step, or [N, T] with

@@ -30,10 +30,32 @@ def test_gae_batched_matches_the_scalar_loop_with_masked_gaps():
     truth = torch.tensor(base.gae_truth(r.tolist(), v.tolist(), m.tolist(), 0.9, 0.8), dtype=torch.float64)
     m[2] = False  # a row with nothing to score
     truth = torch.tensor(base.gae_truth(r.tolist(), v.tolist(), m.tolist(), 0.9, 0.8), dtype=torch.float64)
-    for fn in (base.gae_batched, base.gae_batched_compiled, base.gae_lfilter):
+    numba = [lambda *a, k=k: base.gae_numba(*a, kernel=k) for k in ("row", "row_parallel", "time_major")]
+    for fn in (base.gae_batched, base.gae_batched_compiled, base.gae_lfilter, *numba):
         adv, ret = fn(r, v, m, 0.9, 0.8)
-        assert (adv - truth).abs().max() < 1e-12, fn.__name__
-        assert (ret - torch.where(m, truth + v[:, :T], 0.0)).abs().max() < 1e-12, fn.__name__
+        assert adv.dtype == torch.float64 and adv.shape == (n, T)
+        assert (adv - truth).abs().max() < 1e-12, fn
+        assert (ret - torch.where(m, truth + v[:, :T], 0.0)).abs().max() < 1e-12, fn
+
+
+def test_numba_loops_round_once_to_float32_as_memr1_does():
+    """On float32 inputs the numba loops carry the advantage in float64 and round each output once,
+    as memr1's kernel does: the same outputs to float32 rounding, the same dtype."""
+    g = torch.Generator().manual_seed(2)
+    n, T = 5, 70
+    r, v = torch.randn(n, T, generator=g), torch.randn(n, T + 1, generator=g)
+    m = torch.rand(n, T, generator=g) < 0.8
+    truth = torch.tensor(base.gae_truth(r.double().tolist(), v.double().tolist(), m.tolist(), 0.99, 0.95),
+                         dtype=torch.float64)
+    for kernel in ("row", "row_parallel", "time_major"):
+        adv, ret = base.gae_numba(r, v, m, 0.99, 0.95, kernel=kernel)
+        assert adv.dtype == ret.dtype == torch.float32
+        assert ((adv.double() - truth).abs() <= truth.abs() * 2.0 ** -24 + 1e-12).all(), kernel
+
+
+def test_gae_bytes_counts_each_input_and_output_once():
+    # rewards 4 + mask 1 + advantages 4 + returns 4 per step, values 4 per step and bootstrap column
+    assert base.gae_bytes(2, 3) == 2 * 3 * 13 + 2 * 4 * 4
 
 
 def test_logprob_paths_and_float64_reference_agree_with_autograd():
@@ -98,18 +120,59 @@ def test_headline_is_verl_over_memr1_per_mode():
 
 def test_quick_gae_run_writes_rows_and_provenance(tmp_path):
     out = tmp_path / "kernels.json"
-    assert main(["--quick", "--only", "gae", "--json", str(out)]) == 0
+    assert main(["--quick", "--only", "gae", "--threads", "1", "--gae-sizes", "16x40,24x67",
+                 "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    impls = {r["impl"]: r for r in data["rows"]}
-    assert set(impls) == {"memr1_torch", "batched_loop", "batched_loop_compiled", "scipy_lfilter", "memr1_native"}
-    assert all(r["max_abs_err"] < 1e-4 and r["ms"] > 0 for r in data["rows"])
-    assert impls["memr1_native"]["ms_vs_memr1"] == 1.0  # the C++ path is the row the others are over
+    for size in ("16x40", "24x67"):
+        impls = {r["impl"]: r for r in data["rows"] if r["size"] == size}
+        assert set(impls) == {"memr1_torch", "batched_loop", "batched_loop_compiled", "scipy_lfilter", "memr1_native",
+                              "numba_loop", "numba_time_major", "stream_copy"}
+        floor = impls.pop("stream_copy")
+        assert floor["bytes"] == base.gae_bytes(*map(int, size.split("x"))) and floor["ms"] > 0
+        assert floor["gbps"] == round(floor["bytes"] / floor["ms"] / 1e6, 2)
+        assert all(r["max_abs_err"] < 1e-4 and r["ms"] > 0 for r in impls.values())
+        assert impls["memr1_native"]["ms_vs_memr1"] == 1.0  # the C++ path is the row the others are over
+        head = {h["name"]: h for h in data["headline"]}
+        h = head[f"gae {size}: over the numba loop"]
+        assert h["value"] == impls["numba_loop"]["ms"] / impls["memr1_native"]["ms"]
+        assert h["baseline"] == f"numba_loop {size}" and h["target"] is None  # targets only at the issue's sizes
+        assert h["floor_share"] == floor["ms"] / impls["memr1_native"]["ms"] == head[
+            f"gae {size}: share of the bandwidth floor"]["value"]
+        assert head[f"gae {size}: over scipy lfilter"]["baseline"] == f"scipy_lfilter {size}"
     assert data["machine"]["commit"] and data["machine"]["argv"] and data["machine"]["torch"]
-    assert data["settings"]["min_calls"] >= 5
-    head = {h["name"]: h for h in data["headline"]}
-    h = head["gae 64x256: over the compiled loop"]
-    assert h["value"] == impls["batched_loop_compiled"]["ms"] / impls["memr1_native"]["ms"] and h["target"] == 2.0
-    assert head["gae 64x256: over scipy lfilter"]["baseline"] == "scipy_lfilter 64x256"
+    assert data["settings"]["min_calls"] >= 5 and data["settings"]["gae_sizes"] == ["16x40", "24x67"]
+
+
+def test_gae_rows_are_checked_to_agree_before_timing(monkeypatch):
+    """A side whose outputs differ from memr1's stops the run before anything is timed."""
+    def off_by_a_bit(r, v, m, gamma, lam, kernel="row"):
+        adv, ret = base.gae_batched(r, v, m, gamma, lam)
+        return adv, ret + 1e-3 * (kernel == "time_major")
+    monkeypatch.setattr(base, "gae_numba", off_by_a_bit)
+    with pytest.raises(AssertionError, match="numba_time_major's outputs differ"):
+        main(["--only", "gae", "--threads", "1", "--gae-sizes", "8x16"])
+
+
+def test_gae_headline_is_numba_over_memr1_with_the_floor_share():
+    def rows(size, threads_row=None):
+        got = [{"kernel": "gae", "size": size, "device": "cpu", "impl": k, "ms": ms}
+               for k, ms in (("memr1_native", 2.0), ("numba_loop", 4.0), ("numba_time_major", 8.0),
+                             ("scipy_lfilter", 20.0), ("batched_loop_compiled", 30.0))]
+        got.append({"kernel": "gae", "size": size, "device": "cpu", "impl": "stream_copy", "ms": 1.5, "bytes": 100})
+        if threads_row:
+            got.append({"kernel": "gae", "size": size, "device": "cpu", "impl": "numba_prange", "ms": threads_row})
+        return got
+    head = {h["name"]: h for h in headline(rows("256x1024") + rows("64x256"))}
+    h = head["gae 256x1024: over the numba loop"]
+    assert (h["value"], h["target"], h["met"], h["floor_share"], h["floor_ms"]) == (2.0, 1.5, True, 0.75, 1.5)
+    share = head["gae 256x1024: share of the bandwidth floor"]
+    assert (share["value"], share["unit"], share["target"], share["met"]) == (0.75, "share", 0.5, True)
+    assert head["gae 64x256: over the numba loop"]["target"] is None
+    assert head["gae 256x1024: over the time-major numba loop"]["value"] == 4.0
+    assert not any("compiled loop" in name for name in head)  # a row, no longer a headline
+    # With several threads, numba's prange loop (as many threads as memr1) is the baseline.
+    h = {h["name"]: h for h in headline(rows("1024x2048", threads_row=2.5))}["gae 1024x2048: over the numba loop"]
+    assert (h["value"], h["baseline"], h["met"]) == (1.25, "numba_prange 1024x2048", False)
 
 
 def test_logprob_headline_is_trl_chunked_over_memr1_in_time_and_memory():

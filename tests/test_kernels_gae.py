@@ -84,11 +84,30 @@ def test_triton_matches_reference(poisoned, device, dtype):
         assert (a[~m] == 0).all() and (ret[~m] == 0).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_native_matches_python_loop_within_one_rounding(poisoned, dtype):
-    """The C++ path runs in float64 and rounds each output once, so against the scalar float64 loop a
-    float32 result may differ only by that rounding (and a float64 one by the two loops' own spread)."""
+@pytest.fixture(params=["simd", "loop"])
+def native_path(request):
+    """Runs a test on each of the C++ operator's two paths: the AVX-512 scan and the scalar loop."""
     need("cpu", "native")
+    want = request.param == "simd"
+    before = torch.ops.memr1.gae_cpu_simd(-1)
+    if torch.ops.memr1.gae_cpu_simd(int(want)) != int(want):
+        torch.ops.memr1.gae_cpu_simd(before)
+        pytest.skip("this CPU has no AVX-512: the scalar loop is the only path")
+    yield request.param
+    torch.ops.memr1.gae_cpu_simd(before)
+
+
+def within_one_rounding(got, want, dtype):
+    """|got - want| within the rounding of a float64 result to `dtype` (float64: the two orders of
+    summation's own spread, well under 1e-10 at these sizes)."""
+    ulp = 2.0 ** -24 if dtype == torch.float32 else 0.0
+    return ((got.double() - want).abs() <= want.abs() * ulp + 1e-10).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_matches_python_loop_within_one_rounding(poisoned, native_path, dtype):
+    """The C++ paths run in float64 and round each output once, so against the scalar float64 loop a
+    float32 result may differ only by that rounding (and a float64 one by the two loops' own spread)."""
     n, T = 37, 300
     seed = secrets.randbelow(2**31)
     r, v, m = batch(n, T, dtype, "cpu", seed)
@@ -101,10 +120,51 @@ def test_native_matches_python_loop_within_one_rounding(poisoned, dtype):
         a_py, ret_py = python_gae(r.double().tolist(), values.double().tolist(), (mask != 0).tolist(),
                                   0.99, 0.95, b64.tolist())
         assert a.dtype == dtype and ret.dtype == dtype
-        ulp = 2.0 ** -24 if dtype == torch.float32 else 0.0
         for got, want in ((a, a_py), (ret, ret_py)):
-            assert ((got.double() - want).abs() <= want.abs() * ulp + 1e-10).all(), f"seed {seed}"
+            assert within_one_rounding(got, want, dtype), f"seed {seed}"
         assert (a[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("T", [1, 5, 8, 13, 64, 67, 130])
+def test_native_paths_on_every_chunk_shape(poisoned, native_path, T):
+    """The scan works on chunks of eight steps from the start of a row and zeroes the padding after a
+    row's last real step in bulk: rows shorter than a chunk, a partial last chunk, rows of whole
+    chunks, and masks that are empty, full, ragged, holed at random, or real only in the partial last
+    chunk or only in the first step."""
+    n = 24
+    g = torch.Generator().manual_seed(T)
+    r, v = torch.randn(n, T, generator=g, dtype=torch.float64), torch.randn(n, T + 1, generator=g, dtype=torch.float64)
+    mask = torch.arange(T)[None, :] < torch.randint(0, T + 1, (n,), generator=g)[:, None]
+    mask[::3] &= torch.rand(n, T, generator=g)[::3] > 0.4  # every third row holed at random
+    mask[0], mask[1], mask[2], mask[3] = False, True, False, False
+    mask[2, -1] = True  # only the very last step real
+    mask[3, 0] = True  # only the first
+    for dtype in (torch.float32, torch.float64):
+        rd, vd = r.to(dtype), v.to(dtype)
+        a, ret = gae(rd, vd, mask, 0.99, 0.95, impl="native")
+        a_py, ret_py = python_gae(rd.double().tolist(), vd.double().tolist(), mask.tolist(), 0.99, 0.95,
+                                  vd[:, -1].double().tolist())
+        assert within_one_rounding(a, a_py, dtype) and within_one_rounding(ret, ret_py, dtype), (T, dtype)
+        assert (a[~mask] == 0).all() and (ret[~mask] == 0).all()
+
+
+def test_native_streamed_outputs_match_the_loop():
+    """Outputs of 8 MiB and more are written with non-temporal stores (the scan's path for large
+    batches); the result is the scalar loop's, to float32 rounding."""
+    need("cpu", "native")
+    before = torch.ops.memr1.gae_cpu_simd(-1)
+    if not torch.ops.memr1.gae_cpu_simd(1):
+        pytest.skip("this CPU has no AVX-512: no streamed path")
+    try:
+        r, v, m = batch(1024, 1024, torch.float32, "cpu", seed=5)  # 2 x 4 MiB of outputs
+        a, ret = gae(r, v, m, 0.99, 0.95, impl="native")
+        torch.ops.memr1.gae_cpu_simd(0)
+        a_loop, ret_loop = gae(r, v, m, 0.99, 0.95, impl="native")
+    finally:
+        torch.ops.memr1.gae_cpu_simd(before)
+    for got, want in ((a, a_loop), (ret, ret_loop)):
+        assert ((got.double() - want.double()).abs() <= want.double().abs() * 2.0 ** -23 + 1e-6).all()
+    assert (a[~m] == 0).all() and (ret[~m] == 0).all()
 
 
 def test_native_compiles_into_one_graph():
@@ -120,6 +180,7 @@ def test_native_compiles_into_one_graph():
 
 @pytest.mark.parametrize("impl", GAE_IMPLS)
 def test_strided_inputs(impl):
+    """Column-major views: the C++ operator takes its scalar loop for steps that are not contiguous."""
     need("cpu", impl)
     r, v, m = batch(20, 16, torch.float32, "cpu", seed=3)
     rt, vt, mt = r.T.contiguous().T, v.T.contiguous().T, m.T.contiguous().T  # column-major views
