@@ -4,9 +4,10 @@ search of its speaker's memories and 1-2 ops (MIX, on live ids); every bank is s
 session; per session, with probability 0.5, one episode's snapshot at k - 1 is re-run inner_n times,
 each answering 16 questions (top-30 per speaker); each final bank answers 64. Vectors: 384-d, clustered.
 MatrixBank (bench.matrix_bank): the numpy baseline's bank; `Side`: each impl's calls (memr1: fork; pickle: a
-file per (episode, session), loaded per re-roll, as Memory-R2 does; deepcopy: in memory); `replay`: the
-timed step. `retain`: "step" keeps every snapshot to the step's end (as Memory-R2 keeps its files),
-"window" drops those at k - 1 once session k's re-rolls are done."""
+file per (episode, session), loaded per re-roll, as Memory-R2 does; deepcopy: in memory; cow_numpy:
+CowBank, a shared frozen base and a per-bank overlay of appended rows and tombstones, the overlay copied
+per snapshot and restore); `replay`: the timed step. `retain`: "step" keeps every snapshot to the
+step's end (as Memory-R2 keeps its files), "window" drops those at k - 1 once session k's re-rolls are done."""
 import copy
 import itertools
 import os
@@ -16,11 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memr1.bench.matrix_bank import SPEAKERS, MatrixBank
+from memr1.bench.matrix_bank import SPEAKERS, CowBank, MatrixBank
 from memr1.bench.memory_impls import DIM, clustered, unit
 
 MIX = {"add": 0.75, "update": 0.15, "delete": 0.05, "none": 0.05}
-IMPLS = ("memr1", "pickle_snapshots", "deepcopy")
+IMPLS = ("memr1", "pickle_snapshots", "deepcopy", "cow_numpy")
 
 
 @dataclass
@@ -119,6 +120,9 @@ class Side:
             self.new, self.op = MatrixBank, (lambda *op: op)
             self.snapshot, self.restore = ((lambda bank, key: copy.deepcopy(bank)), copy.deepcopy) \
                 if name == "deepcopy" else (self._dump, self._load)
+        elif name == "cow_numpy":
+            self.new, self.op = CowBank, (lambda *op: op)
+            self.snapshot, self.restore = (lambda bank, key: bank.snapshot()), (lambda snap: snap.copy())
         else:
             raise ValueError(f"unknown impl {name!r} (one of {', '.join(IMPLS)})")
 

@@ -4,9 +4,11 @@
 
 Bank side, generation excluded: one step's bank work (bench.episode_workload: the workload and the
 impls) replayed from a script made once per S, the same for every impl: `memr1` (forks),
-`pickle_snapshots` (a file per (episode, session), as Memory-R2 does) and `deepcopy`, the two
-baselines on the numpy bank a competent user writes, at its best, on one BLAS thread
-(OPENBLAS/OMP/MKL_NUM_THREADS=1 unless set) as memr1 searches on one.
+`pickle_snapshots` (a file per (episode, session), as Memory-R2 does), `deepcopy`, both on the numpy
+bank a competent user writes, at its best, and `cow_numpy`, what that user writes next: a shared frozen
+base (vectors, ids, texts, never copied) and a per-bank overlay of appended rows and tombstones, copied
+per snapshot and restore and folded into a new base by a snapshot once large (bench.matrix_bank.CowBank).
+All on one BLAS thread (OPENBLAS/OMP/MKL_NUM_THREADS=1 unless set) as memr1 searches on one.
 Before timing, every impl replays the script with searches recorded: top-k ids must agree (or swap
 only within a float32 near-tie, 1e-5: `agreement`), else the bench stops. A round is one fresh process
 per impl, in an order that alternates round by round: after setup and a small warm-up, one full step
@@ -14,12 +16,18 @@ gives the memory (VmHWM reset before it; rss_growth_mb = peak - post-setup RSS) 
 `--steps` more give the time (their median: a trainer's steady state). Rows carry medians over rounds
 and step_s's spread. bytes_per_snapshot: pickle's mean file size; in memory, rss_growth over the most
 snapshots held at once (live banks count too). `--retain window` drops snapshots at k - 1 after
-session k. The headline: memr1 over each baseline per S, the whole bank step (`ratio`) and its
-snapshot share alone (`snapshot_ratio`: snapshot, restore and drop), and the whole step's ratio if memr1's
-snapshots cost nothing (`free_snapshot_ratio`: the ceiling of what forks buy where both sides search alike).
+session k. The headline, per S, memr1 over each baseline: the snapshot cost (snapshot_s: snapshot,
+restore and drop; target >= 2x the copy-on-write bank at S = 32), each side's share of its floor (one
+empty Python method call per snapshot, restore and release, timed in the same child), and beside it
+the whole step's ratio with its ceiling if memr1's snapshots cost nothing (`free_snapshot_ratio`:
+both sides search and write alike, so forks cannot lift the step past it); and RSS growth per row
+written (target: memr1's <= the copy-on-write bank's at S = 32). memr1's fork copies nothing: its trie
+copies a node on the first write to it after a fork, which op_s times; the CoW bank's copies are all in
+snapshot_s.
 --quick: S = 8, 16, 32 at G = 4, inner_n = 4; 3 rounds of 2 timed steps.
 `--generation` adds `memr1_with_generation` (bench.episode_generation): one EpisodeStage step on
-SmolLM2-135M and the shares of its wall time in generation, MemoryBank calls and embedding.
+SmolLM2-135M and the shares of its wall time in generation, MemoryBank calls and embedding, and (headline
+"with generation: ...") the share of that step snapshots would take with memr1 and with each baseline.
 """
 import argparse
 import gc
@@ -37,6 +45,7 @@ from pathlib import Path
 from memr1.bench.common import headline_entry, print_table, status_mb, write_json
 from memr1.bench.episode_generation import generation_child, generation_error, generation_problem
 from memr1.bench.episode_workload import IMPLS, MIX, Shape, Side, make_script, prepare, replay
+from memr1.bench.matrix_bank import CowBank
 from memr1.bench.memory_impls import DIM
 
 TOL = 1e-5
@@ -106,12 +115,30 @@ def child(out: str, impl: str, script_path: str, tmp: str, retain: str, steps: s
     got = replay(script.shape, prepared, side, retain)
     peak = status_mb("VmHWM")
     later = [replay(script.shape, prepared, side, retain) for _ in range(int(steps))]
+    floor = call_floor_s()
     del got["found"]
     got.update({k: statistics.median(r[k] for r in later) for k in TIMED}, first_step_s=got["wall_s"],
                steps_timed=len(later), peak_rss_mb=peak, base_rss_mb=base, rss_growth_mb=max(0.0, peak - base),
-               peak_reset=reset)
+               peak_reset=reset, call_floor_s=floor)
     Path(out).write_text(json.dumps(got))
     return 0
+
+
+class _Empty:
+    def call(self, bank, key):
+        return bank
+
+
+def call_floor_s(n: int = 20000, repeats: int = 5) -> float:
+    """The floor of a snapshot op in Python: one call of an empty method (the loop around it included,
+    as replay has one), the fastest of `repeats` runs of n, measured in each child beside its steps."""
+    o, best = _Empty(), float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(n):
+            o.call(i, 0)
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
 
 
 def run_child(mode: str, out: Path, *args, env: dict | None = None) -> dict:
@@ -149,29 +176,62 @@ def row_of(impl: str, sh: Shape, runs: list[dict]) -> dict:
             "bytes_per_snapshot_is": "pickle file size" if pickled else "rss growth / snapshots held",
             "pickle_mb_written": first["snapshot_bytes"] / 2**20 if pickled else None,   # on disk, not in RSS
             "rss_kb_per_row_written": growth * 1024 / max(1, first["rows_written"]),
+            "snapshot_s_per_episode": med("snapshot_s") / sh.group,
+            # one empty Python call per snapshot, restore and release the step makes: no snapshot op costs less
+            "snapshot_calls": 2 * first["n_snapshots"] + first["n_restores"], "call_floor_s": med("call_floor_s"),
+            "snapshot_floor_s": (2 * first["n_snapshots"] + first["n_restores"]) * med("call_floor_s"),
+            "snapshot_floor_share": (2 * first["n_snapshots"] + first["n_restores"]) * med("call_floor_s") /
+            med("snapshot_s") if med("snapshot_s") > 0 else None,
             "peak_reset": all(r["peak_reset"] for r in runs)}
 
 
+BASELINES = (("pickle_snapshots", "pickle"), ("deepcopy", "deepcopy"), ("cow_numpy", "cow"))
+TARGET_S = 32   # issue 64: at S = 32, memr1's snapshot cost >= 2x the copy-on-write bank's, its RSS growth <= its
+
+
 def headline(mine: dict, sessions: int) -> list[dict]:
-    """memr1 over each baseline at one S: episodes/s (issue 31's target: 20x the pickle way at S = 32),
-    with the snapshot time and RSS growth ratios beside it. A ratio over a growth below one page of RSS
-    is None, not huge. `free_snapshot_ratio` is what the whole-step ratio would be if memr1's snapshots,
-    restores and drops cost nothing: the most that faster forks alone could buy, since both sides do the
-    same searches and ops."""
-    out = []
-    for impl, short in (("pickle_snapshots", "pickle"), ("deepcopy", "deepcopy")):
-        a, b = mine["memr1"], mine[impl]
-        rest = a["step_s"] - a["snapshot_s"]
+    """memr1 over each baseline at one S. First the snapshot cost: snapshot_s (snapshot, restore and
+    drop, the whole step's) over memr1's, with each side's share of its Python-call floor
+    (snapshot_floor_share) and, beside it, the whole bank step's ratio (`step_ratio`) and that ratio if
+    memr1's snapshots cost nothing (`free_snapshot_ratio`, its ceiling: both sides do the same searches
+    and ops, so faster forks alone cannot lift the step past it). Then RSS growth per row written,
+    the baseline's over memr1's; a growth below one page of RSS makes it None, not huge."""
+    out, a = [], mine["memr1"]
+    rest = a["step_s"] - a["snapshot_s"]
+    for impl, short in BASELINES:
+        b, at = mine[impl], sessions == TARGET_S and short == "cow"
         out.append(headline_entry(
-            f"S={sessions}: memr1 over {short}, episodes/s", a["episodes_per_s"] / b["episodes_per_s"],
-            f"memr1 S={sessions}", f"{impl} S={sessions}", f"memr1's episodes_per_s over {impl}'s (the whole bank "
-            "step); snapshot_ratio: its snapshot_s over memr1's; free_snapshot_ratio: its step_s over memr1's "
-            "step_s less memr1's snapshot_s; rss_growth_ratio: its rss_growth_mb over memr1's",
-            target=20.0 if short == "pickle" and sessions == 32 else None,
-            snapshot_ratio=b["snapshot_s"] / a["snapshot_s"] if a["snapshot_s"] > 0 else None,
-            free_snapshot_ratio=b["step_s"] / rest if rest > 0 else None,
-            rss_growth_ratio=b["rss_growth_mb"] / a["rss_growth_mb"] if a["rss_growth_mb"] >= PAGE_MB else None))
+            f"S={sessions}: memr1 over {short}, snapshot+restore+drop", b["snapshot_s"] / a["snapshot_s"]
+            if a["snapshot_s"] > 0 else None, f"memr1 S={sessions}", f"{impl} S={sessions}",
+            f"{impl}'s snapshot_s over memr1's (snapshot, restore and drop, per step); step_ratio: memr1's "
+            f"episodes_per_s over its (the whole bank step); free_snapshot_ratio: its step_s over memr1's step_s "
+            "less memr1's snapshot_s", target=2.0 if at else None,
+            ours_s_per_episode=a["snapshot_s_per_episode"], baseline_s_per_episode=b["snapshot_s_per_episode"],
+            ours_floor_share=a["snapshot_floor_share"], baseline_floor_share=b["snapshot_floor_share"],
+            step_ratio=a["episodes_per_s"] / b["episodes_per_s"],
+            free_snapshot_ratio=b["step_s"] / rest if rest > 0 else None))
+        grew = a["rss_growth_mb"] >= PAGE_MB
+        out.append(headline_entry(
+            f"S={sessions}: RSS growth per row written, {short} over memr1",
+            b["rss_kb_per_row_written"] / a["rss_kb_per_row_written"] if grew else None,
+            f"memr1 S={sessions}", f"{impl} S={sessions}", f"{impl}'s rss_kb_per_row_written over memr1's (peak "
+            "RSS growth of one step over the rows it adds or updates)", target=1.0 if at else None,
+            ours_kb_per_row=a["rss_kb_per_row_written"], baseline_kb_per_row=b["rss_kb_per_row_written"]))
     return out
+
+
+def with_generation(gen: dict, mine: dict, sessions: int) -> list[dict]:
+    """The snapshot share of a step that also generates (the --generation row: forks and wall time of
+    one EpisodeStage step), for memr1 and for each baseline had the step used it instead: the step's
+    forks times each impl's snapshot cost per snapshot or restore in this run's bank step at S."""
+    per = {impl: r["snapshot_s"] / max(1, r["n_snapshots"] + r["n_restores"]) for impl, r in mine.items()}
+    forks, wall = gen["forks"], gen["step_s"]
+    share = {impl: forks * c / (wall + forks * (c - per["memr1"])) for impl, c in per.items()}
+    return [headline_entry(
+        f"with generation: memr1's snapshot share of a step (beside {short})", share["memr1"], "memr1_with_generation",
+        f"{impl} S={sessions}", f"the step's forks x memr1's snapshot cost per fork at S={sessions}, over the step's "
+        f"wall time; baseline_share: the same with {impl}'s cost, the step's other work unchanged", unit="share",
+        better="lower", baseline_share=share[impl], forks=forks, step_s=wall) for impl, short in BASELINES]
 
 
 # ---- the grid ----
@@ -223,7 +283,7 @@ def main(argv=None) -> int:
                     global_questions=args.global_questions) for s in args.sessions]
     (root := Path(args.tmp or Path(args.json).resolve().parent)).mkdir(parents=True, exist_ok=True)
     env = {**dict.fromkeys(THREADS, "1"), **os.environ}   # bank side: one BLAS thread unless set
-    rows, checks, head, t0 = [], {}, [], time.perf_counter()
+    rows, checks, head, by_s, t0 = [], {}, [], {}, time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".episodes-", dir=root) as tmp:
         out = Path(tmp) / "row.json"
         for sh in shapes:
@@ -235,25 +295,35 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 for impl in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
                     runs[impl].append(run_child("--child", out, impl, path, tmp, args.retain, args.steps, env=env))
-            mine = {impl: row_of(impl, sh, runs[impl]) for impl in IMPLS}
+            mine = by_s[sh.sessions] = {impl: row_of(impl, sh, runs[impl]) for impl in IMPLS}
             rows += mine.values()
             head += headline(mine, sh.sessions)
             print(f"  S={sh.sessions} done at {time.perf_counter() - t0:.0f}s", flush=True)
         if args.generation:   # with the machine's threads, as a training run has them
             rows.append(run_child("--generation-child", out))
+            top = max(by_s)
+            head += with_generation(rows[-1], by_s[top], top)
     print_table(rows, ["impl", "sessions", "group", "inner_n", "episodes_per_s", "step_s", "first_step_s", "snapshot_s",
-                       "search_s", "op_s", "peak_rss_mb", "rss_growth_mb", "n_snapshots", "rows_written",
-                       "bytes_per_snapshot", "bank_rows_final", "gen_share", "bank_share"])
-    fmt = lambda x: "n/a" if x is None else f"{x:.2f}x"  # noqa: E731
+                       "search_s", "op_s", "snapshot_s_per_episode", "snapshot_floor_share", "peak_rss_mb",
+                       "rss_growth_mb", "rss_kb_per_row_written", "n_snapshots", "rows_written", "bytes_per_snapshot",
+                       "bank_rows_final", "gen_share", "bank_share"])
+    fmt = lambda x, f="{:.2f}x": "n/a" if x is None else f.format(x)  # noqa: E731
     for h in head:
-        print(f"  {h['name']}: {fmt(h['value'])}, snapshot share {fmt(h['snapshot_ratio'])}, with memr1's "
-              f"snapshots free {fmt(h['free_snapshot_ratio'])}, rss growth {fmt(h['rss_growth_ratio'])} "
-              f"({h['ours']} vs {h['baseline']})")
+        if "step_ratio" in h:
+            print(f"  {h['name']}: {fmt(h['value'])} (target {fmt(h['target'])}), floor share memr1 "
+                  f"{fmt(h['ours_floor_share'], '{:.1%}')} vs {fmt(h['baseline_floor_share'], '{:.1%}')}; whole step "
+                  f"{fmt(h['step_ratio'])}, ceiling {fmt(h['free_snapshot_ratio'])}")
+        elif "baseline_share" in h:
+            print(f"  {h['name']}: {fmt(h['value'], '{:.2%}')} vs {fmt(h['baseline_share'], '{:.2%}')}")
+        else:
+            print(f"  {h['name']}: {fmt(h['value'])} (target {fmt(h['target'])}), {h['ours_kb_per_row']:.2f} vs "
+                  f"{h['baseline_kb_per_row']:.2f} KiB a row")
     settings = {**{k: getattr(args, k) for k in ("sessions", "group", "inner_n", "rounds", "steps", "retain",
                                                  "check_sample", "generation")},
                 **{k: getattr(shapes[0], k) for k in ("calls", "k_call", "k_question", "local_questions",
                                                       "global_questions", "reroll_prob", "seed")},
-                "op_mix": MIX, "dim": DIM, "tie_tolerance": TOL, "pickle_protocol": pickle.HIGHEST_PROTOCOL,
+                "op_mix": MIX, "dim": DIM, "cow_fold": [CowBank.FOLD_MIN, CowBank.FOLD_FRAC], "tie_tolerance": TOL,
+                "pickle_protocol": pickle.HIGHEST_PROTOCOL,
                 "pickle_dir": str(root), "pickle_fs": fs_type(root), "child_threads": {k: env[k] for k in THREADS}}
     write_json(args.json, "episodes", rows, headline=head, settings=settings, agreement=checks)
     return 0

@@ -1,10 +1,11 @@
 """bench.episodes: a tiny run through main writes the JSON contract with every impl doing the same work,
-all impls return the same search ids, the headline names its rows (and says n/a rather than dividing by
-an RSS growth below a page); the script is seeded and its ops hit live ids; the numpy bank ranks as
-brute force does and its snapshots are independent copies; a step releases every snapshot file, and
-retain="window" holds two sessions' worth; the agreement check tells a near-tie from a wrong answer;
-the generation row's timer splits an EpisodeStage rollout (a scripted policy here) and puts MemoryBank
-back as it was, and a changed EpisodeStage API stops --generation with one line before the grid runs."""
+all impls return the same search ids, the headline names its rows; the script is seeded and its ops
+hit live ids; the numpy bank ranks as brute force does and its snapshots are independent copies; a
+step releases every snapshot file, and retain="window" holds two sessions' worth; the agreement check
+tells a near-tie from a wrong answer; the generation row's timer splits an EpisodeStage rollout (a
+scripted policy here) and puts MemoryBank back as it was, and a changed EpisodeStage API stops
+--generation with one line before the grid runs. The copy-on-write bank and the headline's ratios:
+test_bench_episodes_cow.py."""
 import copy
 import itertools
 import json
@@ -18,7 +19,7 @@ import memr1.bench.episodes
 import memr1.rl.episode_stage
 from memr1.bench.episode_workload import IMPLS, SPEAKERS, MatrixBank, Shape, Side, make_script, prepare, replay
 from memr1.bench.episode_generation import BANK_CALLS, timed_rollout
-from memr1.bench.episodes import compare, headline, main
+from memr1.bench.episodes import compare, main
 from memr1.memory_store import HashEmbedder, MemoryBank
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig
@@ -60,13 +61,18 @@ def test_tiny_run_writes_rows_agreement_and_headline(tmp_path):
     for impl in IMPLS[1:]:
         assert check[f"memr1_vs_{impl}"] == {"same": check["checked"], "tie": 0, "differ": 0}
     head = {h["name"]: h for h in data["headline"]}
-    assert set(head) == {"S=2: memr1 over pickle, episodes/s", "S=2: memr1 over deepcopy, episodes/s"}
-    h = head["S=2: memr1 over pickle, episodes/s"]
-    assert (h["ours"], h["baseline"], h["target"]) == ("memr1 S=2", "pickle_snapshots S=2", None)
-    assert np.isclose(h["value"], rows["memr1"]["episodes_per_s"] / rows["pickle_snapshots"]["episodes_per_s"])
-    assert np.isclose(h["snapshot_ratio"], rows["pickle_snapshots"]["snapshot_s"] / rows["memr1"]["snapshot_s"])
-    assert np.isclose(h["free_snapshot_ratio"], rows["pickle_snapshots"]["step_s"] /
+    assert set(head) == {f"S=2: {what}" for short in ("pickle", "deepcopy", "cow") for what in (
+        f"memr1 over {short}, snapshot+restore+drop", f"RSS growth per row written, {short} over memr1")}
+    h = head["S=2: memr1 over cow, snapshot+restore+drop"]
+    assert (h["ours"], h["baseline"], h["target"]) == ("memr1 S=2", "cow_numpy S=2", None)
+    assert np.isclose(h["value"], rows["cow_numpy"]["snapshot_s"] / rows["memr1"]["snapshot_s"])
+    assert np.isclose(h["step_ratio"], rows["memr1"]["episodes_per_s"] / rows["cow_numpy"]["episodes_per_s"])
+    assert np.isclose(h["free_snapshot_ratio"], rows["cow_numpy"]["step_s"] /
                       (rows["memr1"]["step_s"] - rows["memr1"]["snapshot_s"]))
+    for side, impl in (("ours", "memr1"), ("baseline", "cow_numpy")):
+        assert h[f"{side}_floor_share"] == rows[impl]["snapshot_floor_share"]
+        assert 0 < rows[impl]["snapshot_floor_share"] < 1 and 0 < rows[impl]["call_floor_s"] < 1e-5
+        assert rows[impl]["snapshot_calls"] == 2 * rows[impl]["n_snapshots"] + rows[impl]["n_restores"]
     assert [p.name for p in tmp_path.iterdir()] == ["episodes.json"]   # the snapshot files are gone
 
 
@@ -177,24 +183,6 @@ def test_timed_rollout_splits_the_time_and_restores_what_it_wrapped():
     assert abs(row["gen_share"] + row["bank_share"] + row["embed_share"] + row["other_share"] - 1) < 1e-9
     assert {n: MemoryBank.__dict__[n] for n in BANK_CALLS} == before
     assert stage.frozen is frozen and "embed" not in vars(embedder)
-
-
-def test_headline_ratios_name_their_rows_and_skip_growth_below_a_page():
-    row = lambda eps, snap, growth: {"episodes_per_s": eps, "step_s": 16 / eps, "snapshot_s": snap,  # noqa: E731
-                                     "rss_growth_mb": growth}
-    pickle_, deep = headline({"memr1": row(40.0, 0.04, 0.001), "pickle_snapshots": row(10.0, 0.5, 2.0),
-                              "deepcopy": row(20.0, 0.1, 8.0)}, 32)
-    assert pickle_["value"] == 4.0 and deep["value"] == 2.0
-    assert pickle_["target"] == 20.0 and pickle_["met"] is False and deep["target"] is None
-    assert pickle_["snapshot_ratio"] == 12.5
-    # memr1's step is 0.4 s, 0.04 of it snapshots: free forks would leave 0.36 s against 1.6 and 0.8 s
-    assert np.isclose(pickle_["free_snapshot_ratio"], 1.6 / 0.36)
-    assert np.isclose(deep["free_snapshot_ratio"], 0.8 / 0.36)
-    assert pickle_["rss_growth_ratio"] is None   # memr1 grew by less than a page
-    assert (deep["ours"], deep["baseline"]) == ("memr1 S=32", "deepcopy S=32")
-    _, deep = headline({"memr1": row(40.0, 0.01, 0.5), "pickle_snapshots": row(10.0, 0.5, 2.0),
-                        "deepcopy": row(20.0, 0.1, 8.0)}, 8)
-    assert deep["rss_growth_ratio"] == 16.0
 
 
 def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(tmp_path, monkeypatch, capsys):
