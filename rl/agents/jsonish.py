@@ -3,6 +3,8 @@
 Small models wrap JSON in code fences, put prose around it, leave trailing commas, use single quotes or
 Python literals, or stop mid-object. `extract_json` tries a few cheap repairs in order and returns
 `(value, error)`; it never raises, whatever the text (the trainer feeds it every sampled completion).
+Its work is linear in the text: a bracket scan serves every start it passes, Python literals are
+rewritten as JSON, and ast.literal_eval sees a bounded number of characters per reply.
 """
 import ast
 import json
