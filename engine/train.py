@@ -33,7 +33,7 @@ from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.judge import make_judge
 from memr1.engine.config.plan import plan_text
 from memr1.engine.config.resolve import Resolved, budget_warnings, env_world, resolve
-from memr1.engine.config.run import RunConfig, load_config, make_embedder, make_run_dir
+from memr1.engine.config.run import RunConfig, check_writable, load_config, make_embedder, make_run_dir
 from memr1.engine.config.stages import stage_name
 from memr1.engine.config.toml_out import dump_toml
 from memr1.engine.generation import make_generator
@@ -305,7 +305,10 @@ def train_cli(args) -> int:
             from memr1.engine.observe.profiling import DEFAULT_STEPS, ProfileConfig
             cfg = msgspec.structs.replace(cfg, profile=ProfileConfig(steps=list(DEFAULT_STEPS)))
         text, fits = plan_text(cfg, dry_run=args.dry_run)
-        if args.dry_run:
+        if args.dry_run:   # the paths the run would write, checked as it would find them (nothing is created)
+            check_writable(cfg.resolved_run_dir(), "run_dir")
+            if cfg.cache_dir:
+                check_writable(Path(cfg.cache_dir), "cache_dir")
             print(text)
             return 0 if fits else 2
         if not fits:

@@ -164,3 +164,17 @@ def test_a_rollout_error_still_checkpoints_what_trained():
     with pytest.raises(RolloutError):
         loop.run()
     assert ckpts == [2]          # already checkpointed at 2: not written twice
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "state.json"])
+def test_a_fifo_in_a_checkpoint_is_refused_not_waited_on(tmp_path, name):
+    import threading
+    if name == "state.json":
+        (tmp_path / "manifest.json").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / name)
+    out = []
+    t = threading.Thread(target=lambda: out.append(cm.verify(tmp_path)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"verify() blocked on a FIFO {name}"
+    assert out[0] and ("does not read" in out[0] or "missing" in out[0])

@@ -290,3 +290,28 @@ def test_reading_a_run_config_imports_no_torch():
     configs = sorted(str(p) for p in (ROOT / "configs").glob("*.toml"))
     out = subprocess.run([sys.executable, "-c", code, *configs], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("override, says", [
+    ("run_dir={tmp}/FILE/run", "FILE is not a folder"),
+    ("run_dir=/proc/memr1", "cannot write there"),
+    ("cache_dir={tmp}/FILE", "exists and is not a folder"),
+])
+def test_dry_run_checks_the_paths_a_run_would_write_and_creates_none(tmp_path, capsys, override, says):
+    from memr1.engine.cli import main
+    (tmp_path / "FILE").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["train", "--dry-run", "--config", str(ROOT / "configs" / "default.toml"),
+                 override.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "\n" not in err
+    ok = tmp_path / "new" / "run"
+    assert main(["train", "--dry-run", "--config", str(ROOT / "configs" / "default.toml"), f"run_dir={ok}"]) == 0
+    assert sorted(tmp_path.rglob("*")) == before   # a dry run creates nothing
+
+
+@pytest.mark.parametrize("key", ["name", "run_dir", "cache_dir"])
+def test_a_name_or_path_that_is_not_utf8_is_one_error(key):
+    bad = b"run-\xff".decode("utf-8", "surrogateescape")   # what argv gives for those bytes
+    with pytest.raises(ConfigError, match=f"{key} is not valid UTF-8"):
+        load_config(None, [f"{key}={bad}"])

@@ -22,7 +22,7 @@ from typing import Annotated, Callable
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.fileio import open_regular, safetensors_header
+from memr1.rl.fileio import open_regular, read_regular, safetensors_header
 
 MANIFEST = "manifest.json"
 FORMAT = "memr1-checkpoint"
@@ -82,11 +82,11 @@ def verify(path: Path, checksums: bool = True, state: bool = True, digests: dict
     path = Path(path)
     if not path.is_dir():
         return "not a folder"
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
+    try:   # never a FIFO or device (read_regular): a planted one would hang the check
+        manifest = json.loads(read_regular(path / MANIFEST))
     except FileNotFoundError:
         manifest = None
-    except (ValueError, RecursionError) as e:   # not JSON, not UTF-8, nested 100,000 deep
+    except (OSError, ValueError, RecursionError) as e:   # not a file, not JSON, not UTF-8, nested 100,000 deep
         return f"{MANIFEST} does not read ({type(e).__name__})"
     required = [n for n in REQUIRED if state or not n.endswith(".pt")]
     if manifest is None:   # written before manifests: the required files and a readable state.json
@@ -124,7 +124,7 @@ def verify(path: Path, checksums: bool = True, state: bool = True, digests: dict
             except OSError as e:   # unreadable, or removed while being read
                 return f"{name} does not read ({e})"
     try:
-        state = json.loads((path / "state.json").read_text())
+        state = json.loads(read_regular(path / "state.json"))
         int(state["step"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         return f"state.json does not read ({type(e).__name__}: {str(e)[:200]})"

@@ -8,6 +8,7 @@ composes them, with the run-level settings that belong to no component folder (d
 sampling, the loop). Unknown keys are errors at every depth, with the dotted key and the file named, so
 a typo never silently falls back to a default.
 """
+import os
 import re
 import tempfile
 import tomllib
@@ -134,6 +135,21 @@ def make_run_dir(path: Path) -> Path:
     return path
 
 
+def check_writable(path: Path, key: str) -> None:
+    """What make_run_dir would find, without creating anything: `path` is a folder, or the nearest folder
+    above it is one this process may write in, outside /proc and /sys (which no run can write to)."""
+    path = Path(path).absolute()
+    if any(path == p or p in path.parents for p in (Path("/proc"), Path("/sys"))):
+        raise ConfigError(f"{key} {path}: cannot write there (a kernel file system)")
+    top = path
+    while not top.exists() and not top.is_symlink():
+        top = top.parent
+    if not top.is_dir():
+        raise ConfigError(f"{key} {path}: {top} is not a folder" if top != path else f"{key} {path} exists and is not a folder")
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key} {path}: cannot write in {top}")
+
+
 EMBEDDERS = ("minilm", "hash")
 
 
@@ -233,9 +249,13 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
     if not cfg.name.strip() or re.search(r"[/\\\x00-\x1f\x7f]", cfg.name) or cfg.name.strip(".") == "":
         raise ConfigError(f"{at('name')}: name must be a folder name (not blank, no '/' or control "
                           f"characters, not dots only), got {cfg.name!r}")
-    for key in ("run_dir", "cache_dir"):
+    for key in ("name", "run_dir", "cache_dir"):
         if "\x00" in getattr(cfg, key):   # no path can hold one
             raise ConfigError(f"{at(key)}: {key} holds a NUL byte: {getattr(cfg, key)!r}")
+        try:   # bytes that are not UTF-8 arrive from argv as lone surrogates; config.toml could not hold them
+            getattr(cfg, key).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{at(key)}: {key} is not valid UTF-8: {ascii(getattr(cfg, key))}") from None
     if cfg.rollout.top_k == 0:
         raise ConfigError(f"{at('rollout.top_k')}: rollout.top_k = 0: must be -1 (off) or >= 1")
     unknown = [s for s in cfg.stages if s not in STAGES]
