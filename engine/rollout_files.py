@@ -31,6 +31,8 @@ from memr1.rl.fileio import is_temporary, open_regular, read_regular, write_atom
 
 MANIFEST_KIND = "memr1-rollouts"
 OP = pa.struct([("event", pa.string()), ("id", pa.int64()), ("text", pa.string())])
+# a parsed UPDATE, DELETE or NONE: the shown id it gives and the memory text it copies
+REF = pa.struct([("event", pa.string()), ("local_id", pa.int32()), ("old_memory", pa.string())])
 # The fixed columns, in order; each reward part adds a float64 column "reward_<part>" after "reward".
 COLUMNS = [
     ("step", pa.int32()), ("rank", pa.int16()), ("group", pa.int32()), ("index", pa.int16()),
@@ -41,6 +43,8 @@ COLUMNS = [
     ("behav_logprobs", pa.list_(pa.float32())), ("completion_tokens", pa.int32()), ("truncated", pa.bool_()),
     ("status", pa.string()), ("invalid_ops", pa.int32()), ("applied", pa.bool_()),
     ("events", pa.list_(pa.string())), ("ops", pa.list_(OP)),
+    # manager calls: each parsed op's reference, and the memories the prompt showed (local id = position)
+    ("refs", pa.list_(REF)), ("shown_ids", pa.list_(pa.int64())), ("shown_texts", pa.list_(pa.string())),
     ("reward", pa.float64()),
     ("advantage", pa.float64()),            # given by the stage (episodes); null: GRPO derives it in training
     ("answers", pa.list_(pa.string())), ("golds", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
@@ -123,6 +127,7 @@ def tables(rollout, step: int, rank: int, step_s: float) -> tuple[pa.Table, pa.T
             "behav_logprobs": g.behav_logprobs[j] if g.behav_logprobs is not None else None,
             "completion_tokens": len(g.responses[j]), "truncated": bool(g.truncated[j]) if g.truncated else False,
             "status": s.status, "invalid_ops": s.invalid_ops, "applied": s.applied, "events": s.events, "ops": s.ops,
+            "refs": s.refs, "shown_ids": s.shown_ids, "shown_texts": s.shown_texts,
             "reward": g.rewards[j], **{f"reward_{p}": g.breakdown[p][j] if p in g.breakdown else None for p in parts},
             "advantage": g.advantages[j] if g.advantages is not None else None,
             "answers": s.answers, "golds": s.golds, "scores": s.scores, "bank_before": s.bank_before,
@@ -151,7 +156,9 @@ def write_shard(out: Path, step: int, rank: int, rollout, step_s: float) -> int:
 # What the report reads of each shard, with the type the writer gives it (COLUMNS); every other column
 # of COLUMNS must have its own type too, so the shards concatenate.
 TYPES = dict(COLUMNS)
-NULLABLE = {"events", "behav_logprobs", "advantage", "ops", "call_turns", "answers", "golds", "scores"}
+NULLABLE = {"events", "behav_logprobs", "advantage", "ops", "call_turns", "answers", "golds", "scores", "refs",
+            "shown_ids", "shown_texts"}
+LATER = {"refs", "shown_ids", "shown_texts"}   # columns shards written before them lack: read as absent
 
 
 def shard_problem(table: pa.Table) -> str | None:
@@ -160,9 +167,9 @@ def shard_problem(table: pa.Table) -> str | None:
         want = TYPES.get(name, pa.float64() if name.startswith("reward_") else None)
         if want is not None and table.schema.field(name).type != want:
             return f"column {name} is {table.schema.field(name).type}, not {want}"
-    if missing := [n for n, _ in COLUMNS if n not in table.column_names]:
+    if missing := [n for n, _ in COLUMNS if n not in table.column_names and n not in LATER]:
         return f"no column {missing[0]}"
-    if nulls := [n for n, _ in COLUMNS if n not in NULLABLE and table.column(n).null_count]:
+    if nulls := [n for n, _ in COLUMNS if n not in NULLABLE and n in table.column_names and table.column(n).null_count]:
         return f"null {nulls[0]} in {table.column(nulls[0]).null_count} row(s)"
     for name in ("reward", "t_prompt_s", "t_generate_s", "t_fork_apply_s", "t_frozen_s", "t_reward_s", "t_step_s"):
         if len(table) and not pc.all(pc.is_finite(table.column(name))).as_py():   # the figures' axes need finite values

@@ -121,6 +121,10 @@ class Sample:
     applied: bool = False        # manager: its ops reached the bank
     events: list[str] = field(default_factory=list)   # manager: parsed events, NONE included
     ops: list[dict] = field(default_factory=list)     # manager: {"event", "id", "text"} of each store op
+    refs: list[dict] = field(default_factory=list)    # manager: {"event", "local_id", "old_memory"} of each
+                                                      # parsed UPDATE, DELETE and NONE (turns.ManagerOutcome)
+    shown_ids: list[int] = field(default_factory=list)    # manager: the bank id of each shown local id
+    shown_texts: list[str] = field(default_factory=list)  # manager: ... and its text as shown
     answers: list[str] = field(default_factory=list)  # the answers scored: the frozen answerer's on the
                                                       # completion's bank (manager), its own (answer)
     golds: list[str] = field(default_factory=list)

@@ -21,17 +21,24 @@ def store_op_rows(store_ops: list) -> list[dict]:
 def outcome_fields(outcome) -> dict:
     """A ManagerOutcome's typed result, as Sample fields."""
     return {"status": outcome.status, "invalid_ops": int(outcome.invalid_ops), "applied": bool(outcome.applied),
-            "events": list(outcome.events), "ops": store_op_rows(outcome.store_ops)}
+            "events": list(outcome.events), "ops": store_op_rows(outcome.store_ops), "refs": list(outcome.refs)}
 
 
-def manager_samples(items: list, owners: list[int], completions: list, sc, group_size: int) -> list[Sample]:
-    """One Sample per completion of ManagerStage: completion j answers items[owners[j]], sits in group
-    j // group_size; `sc` is the stage's ManagerScores (its answers run over (completion, question))."""
+def shown_fields(prompt) -> dict:
+    """The memories a manager prompt showed (ManagerPrompt), as Sample fields."""
+    return {"shown_ids": list(prompt.bank_ids), "shown_texts": list(prompt.shown_texts)}
+
+
+def manager_samples(items: list, turns: list, owners: list[int], completions: list, sc, group_size: int) -> list[Sample]:
+    """One Sample per completion of ManagerStage: completion j answers items[owners[j]] (its turn
+    turns[owners[j]]), sits in group j // group_size; `sc` is the stage's ManagerScores (its answers run
+    over (completion, question))."""
     out, pos = [], 0
     for j, (i, c, outcome) in enumerate(zip(owners, completions, sc.outcomes)):
         it, n = items[i], len(sc.scores[j])
         out.append(Sample(group=j // group_size, index=j % group_size, item=it.source, conversation=it.conversation,
                           text=c.text, call_turns=list(it.call.get("dia_ids", ())), **outcome_fields(outcome),
+                          **shown_fields(turns[i].prompt),
                           answers=[p.answer for p in sc.parsed[pos:pos + n]], golds=sc.golds[pos:pos + n],
                           scores=list(sc.scores[j]), bank_before=len(it.bank), bank_after=sc.bank_after[j]))
         pos += n

@@ -261,7 +261,7 @@ class ManagerStage:
                    "frozen_tokens": sum(len(a[0].token_ids) for a in answers),
                    **{k: self.item_stats[k] for k in ("dead_items", "unreachable_questions") if k in self.item_stats}}
         return Rollout(TrainBatch(groups, generator.weight_version), metrics,
-                       manager_samples(items, owners, flat, sc, G))
+                       manager_samples(items, turns, owners, flat, sc, G))
 
 
 class AnswerStage:

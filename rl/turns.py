@@ -56,6 +56,9 @@ class ManagerOutcome(msgspec.Struct):
     applied: bool = False  # its ops reached the bank (set by apply_outcomes)
     error: str = ""
     store_ops: list = msgspec.field(default_factory=list)   # the memory_store ops (NONE dropped)
+    # each parsed UPDATE, DELETE and NONE: {"event", "local_id" (the shown id it gives), "old_memory" (the
+    # text it copies)}, so a rollout can tell whether the two name the same shown memory
+    refs: list = msgspec.field(default_factory=list)
 
 
 def manager_turns(requests: list[tuple], embedder, cfg: ManagerConfig) -> list[ManagerTurn]:
@@ -89,7 +92,9 @@ def decide(pairs: list[tuple[ManagerTurn, object]], embedder, cfg: ManagerConfig
         outcomes.append(ManagerOutcome(
             status=diag.status, parsed=diag.parsed, events=[op.event for op in ops],
             invalid_ops=diag.invalid_items + diag.duplicate_ids + len(diag.hallucinated_ids),
-            truncated=hit_cap(completion), error=diag.error, store_ops=store))
+            truncated=hit_cap(completion), error=diag.error, store_ops=store,
+            refs=[{"event": op.event, "local_id": op.local_id, "old_memory": op.old_memory} for op in ops
+                  if op.event != "ADD"]))
     return outcomes
 
 

@@ -72,6 +72,7 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class ManagerPrompt(msgspec.Struct, frozen=True):
     messages: list[dict]
     bank_ids: list[int]   # local id i (as shown to the model) -> bank id
+    shown_texts: list[str] = []   # local id i -> the memory's text as shown
 
 
 class ManagerOp(msgspec.Struct, frozen=True):
@@ -115,7 +116,8 @@ def build_manager_prompt(facts: list[str], memories: list[tuple[int, str, str]],
     user = (f"Existing memories:\n{json.dumps(shown, ensure_ascii=False)}\n\n"
             f"{header}:\n{json.dumps(facts, ensure_ascii=False)}")
     return ManagerPrompt(messages=[{"role": "system", "content": manager_system(list_unchanged)},
-                                   {"role": "user", "content": user}], bank_ids=bank_ids)
+                                   {"role": "user", "content": user}], bank_ids=bank_ids,
+                         shown_texts=[m["text"] for m in shown])
 
 
 def reply_item(event: str, local_id: int | None = None, text: str = "", old_memory: str | None = None) -> dict:
