@@ -20,8 +20,8 @@ numba getting as many; `numba_time_major`: rows innermost), the loop over time v
 (verl's form), that loop with its body compiled (`batched_loop_compiled`), and on CPU
 scipy.signal.lfilter over each sequence's masked-in steps (`scipy_lfilter`); errors against a scalar
 float64 loop, every side's outputs checked against memr1's before timing. `stream_copy` is the
-bandwidth floor: a numpy copy of as many bytes as GAE must read and write at the least, timed in the
-same rounds; the headline gives its share of memr1's time. Sizes 64x256, 256x1024 (quick: these two)
+bandwidth floor: a copy of as many bytes as GAE must read and write at the least (torch's copy_, on
+the same threads as memr1), timed in the same rounds; the headline gives its share of memr1's time. Sizes 64x256, 256x1024 (quick: these two)
 and 1024x2048, rows of random length with a masked step inside each; glibc's malloc thresholds are
 pinned for these rows (pin_malloc) so that no row pays page faults for the row before it.
 logprobs: forward + backward of sum(log-probs) of a [M, 576] x [49152, 576] head: memr1's chunked
@@ -198,7 +198,7 @@ def headline(rows) -> list[dict]:
             if floor:
                 out.append(headline_entry(
                     f"gae {size}: share of the bandwidth floor", floor["floor_share"], f"{eager} {size}",
-                    f"stream_copy {size}", f"a numpy copy of the {floor['floor_bytes']} bytes GAE moves at the least, "
+                    f"stream_copy {size}", f"a copy of the {floor['floor_bytes']} bytes GAE moves at the least, "
                     f"its ms over {eager}'s", unit="share", target=0.5 if target else None))
             entry("over the time-major numba loop", "numba_time_major", eager)
             entry("over scipy lfilter", "scipy_lfilter", eager)
@@ -230,7 +230,7 @@ def pin_malloc() -> str:
 def bench_gae(device, quick, rows, sizes=None):
     """memr1's GAE against numba loops (per row, the headline baseline; rows under prange when torch has
     several threads; time-major), verl's batched loop eager and with its body compiled, scipy's filter;
-    and a numpy copy of the bytes GAE must move at the least (`stream_copy`: the bandwidth floor)."""
+    and a copy of the bytes GAE must move at the least (`stream_copy`: the bandwidth floor)."""
     threads = torch.get_num_threads()
     malloc = pin_malloc() if device == "cpu" else None
     if device == "cpu" and threads > 1:
@@ -255,11 +255,12 @@ def bench_gae(device, quick, rows, sizes=None):
             impls["numba_time_major"] = lambda: base.gae_numba(rd, vd, md, 0.99, 0.95, "time_major")
             if threads > 1:
                 impls["numba_prange"] = lambda: base.gae_numba(rd, vd, md, 0.99, 0.95, "row_parallel")
-            import numpy as np
+            # The floor: read half the bytes, write the other half, on as many threads as memr1 gets
+            # (torch's copy_ splits a large copy over its intra-op threads).
             floor["bytes"] = base.gae_bytes(n, T)
-            src = np.ones(floor["bytes"] // 2, dtype=np.uint8)  # read half, write half
-            dst = np.empty_like(src)
-            impls["stream_copy"] = lambda: (np.copyto(dst, src), None)
+            src = torch.ones(floor["bytes"] // 2, dtype=torch.uint8)
+            dst = torch.empty_like(src)
+            impls["stream_copy"] = lambda: (dst.copy_(src), None)
         if device == "cuda" and triton_available():
             impls["memr1_triton"] = lambda: gae(rd, vd, md, 0.99, 0.95, impl="triton")
         if device == "cpu" and native_available():
