@@ -49,11 +49,13 @@ README_PICK = {
     "train_step": ((r"memr1_noshare over trl_compact", "worst"), (r"memr1 over trl,", "worst")),
     "rollout": ((r"^manager: .* over vllm", "worst"),),
     "loop": ((r"^SmolLM2-135M-Instruct: max_staleness 1 over 0", "all"),),
-    "kernels": ((r"^grpo_advantage .*: compiled$", "worst"), (r"^gae .*: over the compiled loop$", "worst"),
+    "kernels": ((r"^grpo_advantage .*: compiled$", "worst"), (r"^gae .*: over the numba loop$", "worst"),
+                (r"^gae .*: share of the bandwidth floor$", "worst"),
                 (r"^logprobs .*: time over", "worst")),
     "attention": ((r"dense_mask over memr1_prefix", "worst"),),
     "memory_ops": ((r"^update @ .*: memr1 amortised mean$", "all"), (r"^fork rollout @ .* G=64$", "all"),
                    (r"^scale .*: slowest op kind's p50$", "all")),
+    "episodes": ((r"^S=32: memr1 over .*, snapshot\+restore\+drop$", "all"), (r"^S=32: RSS growth per row written", "all")),
     "op_probe": (),
     # Per run of the JSON (data seed, seed): the manager's RL part and RL against rejection sampling on
     # its own rollouts, and the answer agent's RL part on the banks it trained on.
