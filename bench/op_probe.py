@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
-    from memr1.engine.train import make_stage
+    from memr1.engine.assembly import RunContext, make_stage
     from memr1.rl.op_probe import VARIANTS, op_visibility
 
     run_dir = Path(args.run)
@@ -63,7 +63,9 @@ def main(argv=None) -> int:
     swap = WeightSwap(make_generator(cfg.generator, cfg.seed), loaded=run.base_model)
     items = RunItems(run, embedder, swap, "train")
     try:
-        stage = make_stage(run, "manager", items, embedder, swap.generator.tokenizer, swap, {"answer": answer})
+        # one engine: the probe samples nothing from a policy, it scores ops through the frozen answer agent
+        ctx = RunContext(run, embedder, policy=swap.generator, swap=swap, items=items)
+        stage = make_stage(ctx, "manager", {"answer": answer})
         probe = stage.items[: args.items]
         found = op_visibility(stage, probe, {c.sample_id: c.oracle for c in items.convs})
     finally:

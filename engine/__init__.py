@@ -1,8 +1,12 @@
 """engine/: the top layer, which runs the task of rl/ as training and evaluation.
 
-Here: the commands (cli.py hands `memr1 <cmd>` to train.py, evaluate.py, compare.py, ...), the items
-a run trains on (items.py), the async actor-learner loop (loop.py), and preload.py (process set-up
-before anything loads). Folders, bottom up; each may import rl/, kernels/, memory_store/ and the
+Here, top down: the commands (cli.py hands `memr1 <cmd>` by name to train.py, evaluate.py, rollout.py
+and rollout_report.py; none imports another); what they share: assembly.py (a run's RunContext:
+engines, embedder, items, judge; the stage constructors; the checkpoints the flags name),
+stage_driver.py (one stage's training), eval_split.py (one split evaluated), compare.py (train's final
+evaluation), rollout_files.py and rollout_summary.py (a rollout folder); below them the items a run
+trains on (items.py), validation.py, the async actor-learner loop (loop.py), and preload.py (process
+set-up before anything loads). Folders, bottom up; each may import rl/, kernels/, memory_store/ and the
 folders before it here, and the files above may import them all:
   observe/      logs, metrics, reports, figures, profiler traces, the quiet terminal
   generation/   the engines that sample completions, their weight updates and weight swapping

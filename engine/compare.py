@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from memr1.engine.config.stages import stage_name
-from memr1.engine.evaluate import run_eval
+from memr1.engine.eval_split import run_eval
 from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
 from memr1.rl.stats import ci_text, compare_reports
 
@@ -44,14 +44,10 @@ def policies(run, finals: dict[str, Path]) -> dict[str, dict]:
             continue   # not a policy: the trained answer agent on ADD-every-fact banks (evaluate_after)
         if which == "base":
             out["base"] = {}
-        elif which == "warm":
-            warm = {r: finals[f"{r}_warm"] for r in ("manager", "answer") if f"{r}_warm" in finals}
-            if warm:
-                out["warm"] = warm
-        elif which in ("control", "rs"):
-            control = {r: finals[f"{r}_{which}"] for r in ("manager", "answer") if f"{r}_{which}" in finals}
-            if control:
-                out[which] = control
+        elif which in ("warm", "control", "rs"):   # each role's stage of that kind
+            found = {stage_name(name).role: path for name, path in finals.items() if stage_name(name).kind == which}
+            if found:
+                out[which] = found
         else:
             trained = {}
             for name, path in finals.items():   # in stage order: each role's last stage wins (controls aside)

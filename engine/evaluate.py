@@ -1,29 +1,16 @@
-"""`memr1 eval`: build the generator, embedder and data from the run config, run `memr1.rl.eval`,
-write `<run_dir>/eval/<split>[.<label>].json` and print the paper's table (and, with --compare, the
-paired differences against another report of the same split, with bootstrap intervals).
-
-Extractions and banks are cached under `cache_dir`, else `$MEMR1_CACHE/eval`, else
-`<run_dir>/cache`, keyed by what decides their content (config/caches.py), so a rerun or an
-interrupted run reuses them, and memr1 train's items reuse an eval's extraction. One engine serves
-every role, swapping checkpoints between phases.
+"""`memr1 eval`: evaluate one split with the checkpoints the flags name (eval_split.py writes
+`<run_dir>/eval/<split>[.<label>].json` and prints the paper's table) and, with --compare, print the
+paired differences against another report of the same split, with bootstrap intervals.
 """
 import json
 import sys
 from pathlib import Path
 
-import msgspec
-
-from memr1.engine.checkpoints.files import weights_digest
-from memr1.engine.checkpoints.io import final_checkpoints
-from memr1.engine.config.caches import cache_dirs, model_identity
+from memr1.engine.assembly import cli_models
 from memr1.engine.config.errors import ConfigError
-from memr1.engine.config.judge import make_judge
-from memr1.engine.config.resolve import Resolved, resolve
-from memr1.engine.config.run import load_config, make_embedder, make_run_dir
-from memr1.engine.config.toml_out import dump_toml
-from memr1.engine.observe import quiet
-
-ROLES = ("extract", "manager", "answer", "judge")
+from memr1.engine.config.resolve import resolve
+from memr1.engine.config.run import load_config
+from memr1.engine.eval_split import run_eval
 
 
 def eval_cli(args) -> int:
@@ -42,109 +29,6 @@ def eval_cli(args) -> int:
     return 0
 
 
-def cli_models(args) -> dict[str, Path]:
-    """--checkpoint (one HF checkpoint for both trained roles, or a `memr1 train` run directory),
-    then --manager / --answer for one role each."""
-    models = role_models(args.checkpoint) if getattr(args, "checkpoint", None) else {}
-    flags = {role: "--checkpoint" for role in models}
-    for role in ("manager", "answer"):
-        if getattr(args, role, None):
-            models[role], flags[role] = checked_model(getattr(args, role), f"--{role}"), f"--{role}"
-    for path in {Path(p).resolve(): flags[r] for r, p in models.items()}.items():
-        weights_digest(*path)   # CheckpointError before any weight is used: damaged, or not what was saved
-    return models
-
-
-def checked_model(path: str, what: str) -> Path:
-    if not (Path(path) / "config.json").is_file():
-        raise ValueError(f"{what} {path}: no config.json there (an HF checkpoint folder)")
-    return Path(path)
-
-
-def role_models(checkpoint: str) -> dict[str, Path]:
-    """The trained roles of `checkpoint`: one HF checkpoint (both roles), or a `memr1 train` run
-    directory (each role's final checkpoint; a role it never trained keeps the base model)."""
-    path = Path(checkpoint)
-    if (path / "config.json").is_file():
-        return {"manager": path, "answer": path}
-    if (path / "config.toml").is_file():
-        stages = load_config(path / "config.toml").stages
-        found = final_checkpoints(path, stages)
-        if not found:
-            raise ValueError(f"--checkpoint {path}: a run directory without any checkpoint yet")
-        return found
-    raise ValueError(f"--checkpoint {path}: no config.json (HF checkpoint) or config.toml (run directory) there")
-
-
-def run_eval(run: Resolved, split: str = "val", models: dict | None = None, generator=None,
-             label: str = "", baseline: str | None = None) -> Path:
-    """Evaluate one split; write `<run_dir>/eval/<split>[.<label>].json` and print the table.
-    `models`: role -> checkpoint for the manager and/or the answer agent (others: the base model);
-    `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
-    from memr1.engine.generation import make_generator
-    from memr1.engine.generation.swap import WeightSwap
-    from memr1.rl.data import load_conversations
-    from memr1.rl.eval import evaluate, table, write_report
-
-    cfg, run_dir, base = run.cfg, run.run_dir, run.base_model
-    ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
-    make_run_dir(run_dir)
-    quiet.log_to(run_dir)
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split=split)
-    if not convs:
-        source = cfg.data.path or f"the synthetic set (data.n={cfg.data.n}, data.seed={cfg.data.seed})"
-        raise ValueError(f"{source} has no conversations in split {split!r}")
-    if models and ecfg.baseline == "base":
-        raise ValueError("eval.baseline='base' evaluates the untrained model; drop the checkpoints")
-    paths = {**dict.fromkeys(ROLES, base), **(models or {})}
-    ids = {role: model_identity(p) for role, p in paths.items()}
-    embedder = make_embedder(cfg)
-    if generator is None:
-        generator = make_generator(cfg.generator, cfg.seed)
-        swap = WeightSwap(generator, loaded=base)
-    else:
-        swap = WeightSwap(generator)
-    views = {role: swap.view(p) for role, p in paths.items()}
-
-    def count_tokens(messages) -> int:
-        text = generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return len(generator.tokenizer.encode(text, add_special_tokens=False))
-
-    facts_dir, banks_dir = cache_dirs(cfg, ids, ecfg.max_turns)
-    judge = make_judge(cfg, views["judge"])
-    report = evaluate(convs, split, views, embedder, ecfg, task=run.task,
-                      cache_dir=banks_dir, facts_dir=facts_dir, model_id=ids["answer"], judge=judge,
-                      count_tokens=count_tokens, context_limit=cfg.generator.max_model_len,
-                      bank_overrides={"fsync": cfg.bank.fsync}, batch_size=cfg.generator.batch_size)
-    report["data"] = cfg.data.path or f"synthetic(n={cfg.data.n}, seed={cfg.data.seed})"
-    report["models"], report["weight_swaps"] = ids, swap.swaps
-    report["bank_cache"], report["facts_cache"] = str(banks_dir), str(facts_dir)
-    out_dir = run_dir / "eval"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{split}.{label}" if label else split
-    (out_dir / f"{name}.config.toml").write_text(dump_toml(cfg))
-    out = write_report(report, out_dir / f"{name}.json")
-    print(table(report))
-    if report["manager"]:
-        m = report["manager"]
-        print(f"manager: {m['calls']} calls, {m['turns_per_call']} turn(s) per call, events {m['events']}")
-    if report["oracle"]:
-        o = report["oracle"]
-        print(f"oracle: op accuracy {_pct(o['op_accuracy'])}, fact recall {_pct(o['fact_recall'])}, "
-              f"fact precision {_pct(o['fact_precision'])}")
-    for s in report["skipped"]:
-        print(f"skipped {s['sample_id']} ({s['questions']} questions): {s['reason']}")
-    inp = report["input"]
-    if inp.get("empty_speaker_skipped"):
-        print(f"warning: {inp['empty_speaker_skipped']} of {inp['turns']} turns have no speaker and were left out")
-    if inp.get("long_turns_split"):
-        from memr1.rl.rag import MAX_TEXT_BYTES
-        print(f"warning: {inp['long_turns_split']} of {inp['turns']} turns are longer than a memory "
-              f"({MAX_TEXT_BYTES} bytes) and were split into several")
-    print(f"wall {report['wall_s']:.1f} s")
-    return out
-
-
 def print_comparison(before: Path, after: Path, resamples: int, seed: int) -> dict:
     """Paired differences (after - before) of two reports of one split, printed and returned."""
     from memr1.rl.stats import compare_reports, format_comparison
@@ -152,7 +36,3 @@ def print_comparison(before: Path, after: Path, resamples: int, seed: int) -> di
     rows = compare_reports(a, b, resamples, seed)
     print(format_comparison(rows, f"paired difference, {after.name} - {before.name} (points, seeded bootstrap)"))
     return rows
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"

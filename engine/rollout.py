@@ -1,6 +1,6 @@
 """`memr1 rollout`: a stage's rollouts with given checkpoints, kept as Parquet shards; nothing trains.
 
-The stage is built by `train.make_stage`, as `memr1 train` builds it, and each step is the stage's own
+The stage is built by `assembly.make_stage`, as `memr1 train` builds it, and each step is the stage's own
 `rollout(step, generator)`: the same items, prompts, forks, frozen answers and rewards as training.
 Two things differ from a training step, both so that output is reproducible:
 - each step samples with its own seed (`step_seed`), so a rerun that skips finished shards, or a run
@@ -9,7 +9,7 @@ Two things differ from a training step, both so that output is reproducible:
 Under torchrun each rank rolls out its share of every step (items.step_items) and writes its own
 shards; the union over ranks is the single process's rows when sampling is deterministic per item
 (the 2-rank test samples with top_k = 1, as the data-parallel training test does).
-Files: see rollout_files.py; `memr1 report DIR` renders them (rollout_report.py).
+Files: see rollout_files.py and rollout_summary.py; `memr1 report DIR` renders them (rollout_report.py).
 """
 from __future__ import annotations
 
@@ -22,15 +22,17 @@ from pathlib import Path
 
 import msgspec
 
+from memr1.engine.assembly import cli_models, make_stage, open_context
 from memr1.engine.checkpoints.files import CheckpointError, weights_digest
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.resolve import resolve
-from memr1.engine.config.run import load_config, make_embedder
-from memr1.engine.config.stages import stage_config, stage_name
+from memr1.engine.config.run import load_config
+from memr1.engine.config.stages import STAGES, stage_config, stage_name
 from memr1.engine.rollout_files import RolloutDirError, done, open_dir, write_shard
 from memr1.rl.data.locomo import DataError
 
-RL_STAGES = ("manager", "answer", "manager_episode")
+# the stages that sample their replies (RL and episodes), from the one list of stages
+RL_STAGES = tuple(s for s in STAGES if not stage_name(s).supervised)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -85,8 +87,6 @@ def writable_folder(out: Path, flag: str) -> None:
 
 def load(args) -> tuple:
     """(config, stage name, models) from the command line; each problem is a ConfigError."""
-    from memr1.engine.evaluate import cli_models
-
     name = args.stage
     if name not in RL_STAGES:
         raise ConfigError(f"--stage {name!r}: rollouts run an RL stage, one of {', '.join(RL_STAGES)}")
@@ -111,7 +111,7 @@ def load(args) -> tuple:
         if args.items < per_step:   # one step of exactly the items asked for
             overrides.append(f"stage.{name}.prompts_per_step={args.items}")
             per_step = args.items
-        if name != "manager_episode":   # the episode stage's steps are its curriculum's
+        if stage_name(name).kind != "episode":   # the episode stage's steps are its curriculum's
             # the train split's banks are built for the steps a run draws (items.RunItems.needed)
             overrides.append(f"stage.{name}.steps={math.ceil(args.items / per_step)}")
         cfg = load_config(args.config, overrides)
@@ -126,12 +126,8 @@ def load(args) -> tuple:
 
 def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=print) -> dict:
     """Roll out `name` on `split` into cfg.run_dir; returns the summary (rank 0) or {}."""
-    from memr1.engine.generation import make_generator
-    from memr1.engine.generation.swap import WeightSwap
-    from memr1.engine.items import RunItems
     from memr1.engine.observe import quiet
-    from memr1.engine.rollout_report import summarize
-    from memr1.engine.train import make_stage
+    from memr1.engine.rollout_summary import summarize
     from memr1.engine.training import dist as dist_utils
 
     t_start = time.perf_counter()
@@ -157,15 +153,12 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
         quiet.log_to(out)
     except OSError as e:   # run.log planted as a link or a FIFO
         raise RolloutDirError(f"--out {out}: cannot keep run.log there ({e.strerror or e})") from None
-    embedder = make_embedder(cfg)
-    policy = make_generator(cfg.generator, cfg.seed)
-    if role in used:
-        WeightSwap(policy, loaded=run.base_model).load(used[role])
-    swap = WeightSwap(make_generator(cfg.generator, cfg.seed), loaded=run.base_model)
-    items = RunItems(run, embedder, swap, split)
+    # the stage's role samples from its checkpoint; the other role's is the frozen one (`latest`)
+    ctx = open_context(run, split, policy_model=used.get(role))
+    policy = ctx.policy
     try:
-        stage = make_stage(run, name, items, embedder, policy.tokenizer, swap, latest=dict(used))
-        pool = stage.items_for(stage.phase(0).sessions) if name == "manager_episode" else stage.items
+        stage = make_stage(ctx, name, latest=dict(used))
+        pool = stage.items_for(stage.phase(0).sessions) if stage_name(name).kind == "episode" else stage.items
         per_step = run.stage(name).prompts_per_step
         steps = math.ceil((items_n or len(pool)) / per_step)
         base_sampling = stage.rollout_sampling
@@ -190,7 +183,7 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
                 f"{result.metrics.get('reward_mean', 0.0):.3f}, {t1 - t0:.1f}s")
         totals["loop_s"], totals["setup_s"] = time.perf_counter() - t_loop, setup_s
     finally:
-        items.close()
+        ctx.close()
     totals = reduce_totals(totals) if world > 1 else totals
     barrier()
     summary = summarize(out, totals) if rank == 0 else {}

@@ -7,7 +7,9 @@ blocks are left out, as they never run.
     engine/                   its folders in the order engine/__init__.py declares (bottom up), each
                               importing only the folders below it, never engine's top files
     bench/                    imported by nothing of the package
-and no import cycle anywhere.
+and no import cycle anywhere. engine's command modules (those engine/cli.py's HANDLERS name: train,
+evaluate, rollout, rollout_report) are imported by nothing of ours: cli.py reaches each by name, and
+what two commands share lives below them (assembly.py, the folders), so commands stay siblings.
 """
 import ast
 import re
@@ -115,6 +117,22 @@ def violations(edges: dict[str, set[str]], folders: list[str]) -> list[str]:
     return bad
 
 
+def command_modules() -> set[str]:
+    """engine's top files that engine/cli.py's HANDLERS name ("module:function" strings, read from its
+    AST); a handler inside a library module (generation/model.py, rl/data/) is that module's own CLI."""
+    tree = ast.parse((ROOT / "engine" / "cli.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "HANDLERS" for t in node.targets):
+            found = {v.value.split(":")[0] for v in node.value.values}
+            return {m for m in found if m.startswith("memr1.engine.") and m.count(".") == 2}
+    raise AssertionError("engine/cli.py has no HANDLERS")
+
+
+def command_imports(edges: dict[str, set[str]], commands: set[str]) -> list[str]:
+    return [f"{src} -> {dst}: a command module is imported by nothing (share through assembly.py or below)"
+            for src, targets in sorted(edges.items()) for dst in sorted(targets & commands)]
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
@@ -160,6 +178,13 @@ def test_layers_import_downward_only():
     assert not bad, "\n".join(bad)
 
 
+def test_commands_are_siblings():
+    commands = command_modules()
+    assert {"memr1.engine.train", "memr1.engine.evaluate", "memr1.engine.rollout"} <= commands, commands
+    bad = command_imports(graph(), commands)
+    assert not bad, "\n".join(bad)
+
+
 def test_no_import_cycle():
     found = cycles(graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -176,6 +201,10 @@ def test_the_checks_see_what_they_forbid():
     assert bad == {"memr1.kernels.gae -> memr1.rl.records", "memr1.rl.turns -> memr1.engine.loop",
                    "memr1.engine.loop -> memr1.bench.common", "memr1.engine.training.dist -> memr1.engine.loop",
                    "memr1.engine.observe.runlog -> memr1.engine.generation.weights"}
+    commands = {"memr1.engine.train", "memr1.engine.rollout"}
+    got = command_imports({"memr1.engine.rollout": {"memr1.engine.train", "memr1.engine.assembly"},
+                           "memr1.engine.assembly": {"memr1.engine.loop"}}, commands)
+    assert [b.split(":")[0] for b in got] == ["memr1.engine.rollout -> memr1.engine.train"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memr1.engine import loop\n"
            "def f():\n    from memr1.engine import train\n")

@@ -76,11 +76,11 @@ def test_outcome_recipe_with_its_controls_end_to_end(tiny_model, tmp_path, monke
     RS stages train on exactly their RL stages' prompts (one kept completion a group at most), each
     RL-family stage logs the probe curve from step 0, the controls hand on nothing, and nothing in
     training reads an oracle bank, op or guard of the run's own conversations."""
-    from memr1.engine import items as items_mod, train as train_mod
+    from memr1.engine import items as items_mod, stage_driver, train as train_mod
     sources: dict[str, list] = {}
     oracle_reads: list[str] = []
 
-    class Recording(train_mod.Learner):
+    class Recording(stage_driver.Learner):
         def train_step(self, batch):
             sources.setdefault(self.recording, []).append([(g.source, len(g)) for g in batch.groups])
             return super().train_step(batch)
@@ -100,7 +100,7 @@ def test_outcome_recipe_with_its_controls_end_to_end(tiny_model, tmp_path, monke
         monkeypatch.setattr(module, fn, wrapped)
     spy(items_mod, "oracle_banks", lambda specs, *_: ",".join(s.conv.sample_id for s in specs))
     spy(items_mod, "oracle_bank", lambda spec, conv, *_: conv.sample_id)
-    monkeypatch.setattr(train_mod, "Learner", Recording)
+    monkeypatch.setattr(stage_driver, "Learner", Recording)
     monkeypatch.setattr(train_mod, "train_stage", stage_named)
     run = tmp_path / "run"
     stages = ("manager_warm", "answer_warm", "answer", "answer_rs", "manager", "manager_rs")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memr1.engine import train as train_mod
+from memr1.engine import stage_driver, train as train_mod
 from memr1.engine.cli import main as cli_main
 from memr1.engine.config.run import load_config
 from run_helpers import overrides, rows
@@ -40,12 +40,12 @@ def sigterm_at(monkeypatch):
     """sigterm_at(stage, step): the run gets a SIGTERM right after logging that step."""
     target = {}
 
-    class Stopping(train_mod.RunLog):
+    class Stopping(stage_driver.RunLog):
         def __call__(self, m):
             super().__call__(m)
             if (m["stage"], m["step"]) == target.get("at"):
                 os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(train_mod, "RunLog", Stopping)
+    monkeypatch.setattr(stage_driver, "RunLog", Stopping)
     return lambda stage=None, step=None: target.update(at=(stage, step))
 
 
@@ -82,17 +82,17 @@ def test_sigterm_in_each_stage_then_resume_logs_every_step_once(tiny_model, tmp_
 
 KILLER = """
 import json, os, signal, sys
-from memr1.engine import train as t
+from memr1.engine import stage_driver as d, train as t
 from memr1.engine.config.run import load_config
 
-class Killed(t.RunLog):
+class Killed(d.RunLog):
     def __call__(self, m):
         super().__call__(m)
         if (m["stage"], m["step"]) == ("manager", 3):
             self.tb.flush()      # TensorBoard has the step too, as it would after its periodic flush
             os.kill(os.getpid(), signal.SIGKILL)
 
-t.RunLog = Killed
+d.RunLog = Killed
 t.train(load_config(None, json.loads(sys.argv[1])))
 """
 

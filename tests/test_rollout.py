@@ -1,7 +1,7 @@
-"""`memr1 rollout` (engine/rollout.py, rollout_files.py, rollout_report.py): shard rows against the stage
-rollout they came from, the command against the training path's stage, a kill -9 and a rerun that
-finish with the uninterrupted run's rows, a changed config refused, two ranks against one process, and
-the report of a rollout folder."""
+"""`memr1 rollout` (engine/rollout.py, rollout_files.py, rollout_summary.py, rollout_report.py): shard
+rows against the stage rollout they came from, the command against the training path's stage, a kill -9
+and a rerun that finish with the uninterrupted run's rows, a changed config refused, two ranks against
+one process, and the report of a rollout folder."""
 import json
 import os
 import signal
@@ -125,13 +125,10 @@ def same_rows(a, b):
 
 @pytest.mark.parametrize("stage", ["manager", "answer", "manager_episode"])
 def test_the_command_writes_what_the_training_paths_stage_rolls_out(tiny_model, tmp_path, monkeypatch, stage):
+    from memr1.engine.assembly import make_stage, open_context
     from memr1.engine.config.resolve import resolve
-    from memr1.engine.config.run import load_config, make_embedder
-    from memr1.engine.generation import make_generator
-    from memr1.engine.generation.swap import WeightSwap
-    from memr1.engine.items import RunItems
+    from memr1.engine.config.run import load_config
     from memr1.engine.rollout import step_seed
-    from memr1.engine.train import make_stage
 
     monkeypatch.chdir(os.path.dirname(os.path.dirname(__file__)))
     out = tmp_path / "out"
@@ -140,20 +137,17 @@ def test_the_command_writes_what_the_training_paths_stage_rolls_out(tiny_model, 
     assert {r["step"] for r in got} == {0, 1}
     if stage != "manager_episode":   # an episode has a completion per call of each lane
         assert len(got) == 4 * 3
-    # the training path: train.make_stage on the run's items, each step seeded as the command seeds it
+    # the training path: assembly.make_stage on the run's items, each step seeded as the command seeds it
     cfg = load_config("configs/default.toml", config_args(tiny_model, tmp_path / "train", stage) +
                       [f"stages=[\"{stage}\"]", f"stage.{stage}.steps=2"])
-    run = resolve(cfg, 0, 1)
-    embedder = make_embedder(cfg)
-    policy, swap = make_generator(cfg.generator, cfg.seed), WeightSwap(make_generator(cfg.generator, cfg.seed),
-                                                                          loaded=run.base_model)
-    items = RunItems(run, embedder, swap, "train")
-    st = make_stage(run, stage, items, embedder, policy.tokenizer, swap, {})
+    ctx = open_context(resolve(cfg, 0, 1), "train")
+    policy = ctx.policy
+    st = make_stage(ctx, stage, {})
     want = []
     for step in range(2):
         st.rollout_sampling = msgspec.structs.replace(st.rollout_sampling, seed=step_seed(cfg.seed, step))
         want += tables(st.rollout(step, policy), step, 0, 0.0)[0].to_pylist()
-    items.close()
+    ctx.close()
     same_rows(got, sorted(want, key=lambda r: (r["step"], r["group"], r["index"])))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["rows"] == summary["reward"]["n"] == len(got)

@@ -14,7 +14,7 @@ import pytest
 
 from memr1.engine.cli import main
 from memr1.engine.rollout_files import done, open_dir, recorded, shard_name, write_json, write_shard
-from memr1.engine.rollout_report import summarize
+from memr1.engine.rollout_summary import summarize
 from memr1.memory_store import HashEmbedder
 from memr1.rl.agents.answer import AnswerConfig
 from memr1.rl.agents.manager import ManagerConfig

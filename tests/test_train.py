@@ -47,10 +47,10 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
     stage starts from its role's newest checkpoint, a control from its warm start on exactly the RL
     stage's prompts, step by step, and hands on nothing (the manager's frozen answerer is the RL answer
     agent); the end of the run evaluates base, warm, trained and control with paired comparisons."""
-    from memr1.engine import train as train_mod
+    from memr1.engine import stage_driver, train as train_mod
     sources: dict[str, list] = {}
 
-    class Recording(train_mod.Learner):
+    class Recording(stage_driver.Learner):
         def train_step(self, batch):
             sources.setdefault(self.recording, []).append([g.source for g in batch.groups])
             return super().train_step(batch)
@@ -60,7 +60,7 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
     def stage_named(run, name, *a, **k):
         Recording.recording = name
         return real_stage(run, name, *a, **k)
-    monkeypatch.setattr(train_mod, "Learner", Recording)
+    monkeypatch.setattr(stage_driver, "Learner", Recording)
     monkeypatch.setattr(train_mod, "train_stage", stage_named)
     run = tmp_path / "run"
     stages = ("answer_warm", "answer", "answer_control", "manager_warm", "manager", "manager_control")
@@ -128,15 +128,15 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
 
 @pytest.mark.slow
 def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(tiny_model, tmp_path, monkeypatch):
-    from memr1.engine import train as train_mod
+    from memr1.engine import stage_driver
     from memr1.rl.data import load_conversations
     trained_on = []
 
-    class Recording(train_mod.Learner):
+    class Recording(stage_driver.Learner):
         def train_step(self, batch):
             trained_on.extend(g.source.split()[0] for g in batch.groups)
             return super().train_step(batch)
-    monkeypatch.setattr(train_mod, "Learner", Recording)
+    monkeypatch.setattr(stage_driver, "Learner", Recording)
     run = tmp_path / "run"
     cfg = load_config(None, overrides(tiny_model, run, 3, ("answer_warm", "answer")) + [
         "loop.validate_every=1", "items.answer_banks=oracle", "data.n=20"])
