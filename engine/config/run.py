@@ -283,8 +283,8 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
         if value not in ("latest", "base") and not (Path(value) / "config.json").is_file():
             raise ConfigError(f"{where}: stage.{key}={value!r}: use latest, base, or an HF checkpoint folder "
                               f"(no config.json there)")
-    for name in ("manager_warm", "answer_warm"):
-        if name in cfg.stages and getattr(cfg.stage, name).group_size != 1:
+    for name in STAGES:   # in the order the check always had: manager_warm, then answer_warm
+        if stage_name(name).kind == "warm" and name in cfg.stages and getattr(cfg.stage, name).group_size != 1:
             raise ConfigError(f"{where}: stage.{name}.group_size must be 1: a warm start trains one scripted "
                               f"reply per prompt")
     if cfg.reward.kind == "judge" and cfg.judge.kind == "off":
