@@ -7,7 +7,9 @@ Sections: `phases` (bench.memory_phases: search per phase with recall against a 
 memr1's automatic compaction on and off, compact time, op latency on disk banks; search against dirty
 rows at the largest HNSW size), `rollout` and `threads` (bench.memory_rollout), `sweep` (exact against
 HNSW search, to place hnsw_threshold), `scale` (bench.memory_scale: memr1's disk bank alone at
-`--scale-size` rows, 1e6 by default; not in --quick).
+`--scale-size` rows, 1e6 by default; not in --quick), `burst` (bench.memory_burst: `--burst-size` adds
+as fast as one thread makes them, against background compaction with back-pressure: op p99/max, the
+largest delta against its limit, close() after).
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
 (fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
@@ -29,6 +31,7 @@ import msgspec
 import numpy as np
 
 from memr1.bench.common import headline_entry, print_table, write_json
+from memr1.bench.memory_burst import burst_headline, burst_lines, burst_rows
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
 from memr1.bench.memory_phases import (Scenario, compaction_cost, compaction_mark, cycle_threshold, dirty_sweep_rows,
                                       kind_ops, phase_rows)
@@ -36,7 +39,7 @@ from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
 from memr1.bench.memory_scale import scale_rows
 from memr1.memory_store import BankConfig, MemoryBank
 
-SECTIONS = ("phases", "rollout", "threads", "sweep", "scale")
+SECTIONS = ("phases", "rollout", "threads", "sweep", "scale", "burst")
 
 
 def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
@@ -220,6 +223,7 @@ def headline(rows: list[dict]) -> list[dict]:
         out.append(headline_entry(f"sweep {size:,}: exact over HNSW search p50", sweep[("memr1_exact", size)] /
                                   sweep[("memr1_hnsw", size)], f"memr1_hnsw {size:,}", f"memr1_exact {size:,}",
                                   "exact search's p50 over the graph's on the same rows (where hnsw_threshold sits)"))
+    out += burst_headline(rows)
     scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}
     if scale:
         size = scale[("build", None)]["bank_size"]
@@ -252,6 +256,9 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="disk bank sizes, e.g. 1000,100000")
     p.add_argument("--memory-sizes", type=lambda s: [int(x) for x in s.split(",")], help="memory bank sizes")
     p.add_argument("--scale-size", type=int, default=1_000_000, help="rows of the `scale` section's bank")
+    p.add_argument("--burst-size", type=int, help="adds in the `burst` section (100,000; --quick 20,000)")
+    p.add_argument("--burst-max-delta", type=int,
+                   help="the burst bank's auto_compact_max_delta (BankConfig's default; --quick 4,096, so it binds)")
     p.add_argument("--ops-per-fork", type=int, default=3)
     p.add_argument("--oversample", type=float, default=2.0, help="the overlay's k multiple (memr1's default)")
     p.add_argument("--hnsw-threshold", type=int, default=BankConfig(dim=DIM).hnsw_threshold)
@@ -272,6 +279,8 @@ def main(argv=None) -> int:
                 "dirty_changes": [0, 100, 400, 1000] if q else [0, 500, 1000, 2000, 4000, 6000],
                 "overlay_oversample": args.oversample,
                 "sweep_sizes": [2_000, 4_000, 8_000, 16_000, 32_000], "scale_size": args.scale_size, "dim": DIM,
+                "burst_size": args.burst_size or (20_000 if q else 100_000),
+                "burst_max_delta": args.burst_max_delta or (4_096 if q else BankConfig(dim=DIM).auto_compact_max_delta),
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "bank": msgspec.structs.asdict(BankConfig(
                     dim=DIM, fsync="never", hnsw_threshold=args.hnsw_threshold,
@@ -303,13 +312,15 @@ def main(argv=None) -> int:
             for size in s["rollout_sizes"]:
                 scn = Scenario(size, "memory", config, args.oversample, None)
                 rows += rollout_rows(scn, s["groups"], s["ops_per_fork"], s["k"], s["rollout_rounds"])
+        if "burst" in args.only:
+            rows += burst_rows(s["burst_size"], config, s["burst_max_delta"], Path(tmp))
         if "scale" in args.only and not q:
             rows += scale_rows(s["scale_size"], config, Path(tmp), s["k"], s["queries"], s["n_search"], s["n_ops"])
     if "sweep" in args.only and not q:
         rows += threshold_sweep(s["sweep_sizes"], s["n_slow"])
     print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "max_us",
                        "n", "recall_at_k", "delta_rows", "dead_rows", "compacted", "qps"])
-    for line in summary(rows):
+    for line in summary(rows) + burst_lines(rows):
         print("  " + line)
     print(f"  ({time.perf_counter() - t0:.0f}s)")
     write_json(args.json, "memory_ops", rows, headline=headline(rows), settings=settings)

@@ -46,7 +46,7 @@ class MemoryBank:
                  manifest: Manifest | None = None, log=None, read_only: bool = False, lock_fd: int | None = None,
                  auto_compact: bool = False):
         self.config, self.path, self._manifest, self._log = config, path, manifest, log
-        self.read_only, self._lock_fd, self._closed = read_only, lock_fd, False
+        self.read_only, self._lock_fd, self._closed, self._closing = read_only, lock_fd, False, False
         self._write, self._auto = threading.RLock(), auto_compact
         self._batching, self._owner, self._forked_from = False, os.getpid() if lock_fd is not None else None, None
         self.compactions = 0  # by this object, automatic or not
@@ -141,40 +141,55 @@ class MemoryBank:
 
     # ---- operations ----
     def apply(self, op: Add | Update | Delete | Noop) -> int | None:
-        """Apply one op, durably logged before returning. Returns the memory id (None for Noop)."""
-        with self._write:
-            self._check_writable()
-            out = apply_op(self._core, self._sink(), op)
-            if self._auto and self._past_threshold(self._core):  # a fork never compacts on its own
-                compaction.auto(self)
-            return out
+        """Apply one op, durably logged before returning. Returns the memory id (None for Noop). Waits
+        (BankConfig.auto_compact_max_delta, auto_compact_wait_s) while a background compaction is too
+        far behind; BankBusy if it stays so."""
+        deadline = None
+        while True:
+            with self._write:
+                self._check_writable()
+                if self._job is None or (job := compaction.backlog(self)) is None:
+                    out = apply_op(self._core, self._sink(), op)
+                    if self._auto and self._past_threshold(self._core):  # a fork never compacts on its own
+                        compaction.auto(self)
+                    return out
+            deadline = compaction.wait_commit(self, job, deadline)  # without the lock, which the job needs
 
     def apply_batch(self, ops: Iterable[Add | Update | Delete | Noop]) -> list[int | None]:
-        """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed."""
-        with self._write:
-            self._check_writable()
-            ops = iter_ops(ops)
-            child = MemoryBank(self._core.fork(), self.config, self._segment)
-            sink = self._sink()
-            buffer = _core.BatchBuffer() if sink is not None else None
-            child._log = buffer
-            results = []
-            self._batching = True  # the ops may be a generator that writes to this bank: refused
-            try:
-                for i, op in enumerate(ops):
-                    try:
-                        results.append(child.apply(op))
-                    except BankError as e:
-                        e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
-                        raise
-            finally:
-                self._batching = False
-            if buffer is not None and len(buffer):
-                sink.put_batch(buffer)
-            self._core, self._view = child._core, (child._core, self._segment)
-            if self._past_threshold(child._core):
-                compaction.auto(self)
-            return results
+        """All or nothing: the ops run on an O(1) fork, which replaces this state only if all succeed.
+        Waits before the batch as `apply` does."""
+        deadline = None
+        while True:
+            with self._write:
+                self._check_writable()
+                if self._job is None or (job := compaction.backlog(self)) is None:
+                    return self._apply_batch(ops)
+            deadline = compaction.wait_commit(self, job, deadline)
+
+    def _apply_batch(self, ops) -> list[int | None]:
+        """apply_batch, under the write lock."""
+        ops = iter_ops(ops)
+        child = MemoryBank(self._core.fork(), self.config, self._segment)
+        sink = self._sink()
+        buffer = _core.BatchBuffer() if sink is not None else None
+        child._log = buffer
+        results = []
+        self._batching = True  # the ops may be a generator that writes to this bank: refused
+        try:
+            for i, op in enumerate(ops):
+                try:
+                    results.append(child.apply(op))
+                except BankError as e:
+                    e.add_note(f"apply_batch: op {i} ({type(op).__name__}) failed; no op of the batch was applied")
+                    raise
+        finally:
+            self._batching = False
+        if buffer is not None and len(buffer):
+            sink.put_batch(buffer)
+        self._core, self._view = child._core, (child._core, self._segment)
+        if self._past_threshold(child._core):
+            compaction.auto(self)
+        return results
 
     def _sink(self):
         """Where an op's record goes: the op log, or a background compaction's recorder until it commits."""
@@ -265,7 +280,12 @@ class MemoryBank:
                 self._log.sync()
 
     def close(self) -> None:
-        """A background compaction in flight commits first."""
+        """A background compaction in flight commits first; none starts after it (compaction.auto), so
+        close waits for at most one, whose catch-up back-pressure bounds."""
+        with self._write:
+            if self._batching:  # before waiting: the job in flight would wait for this thread's lock
+                raise write_refusal(self)
+            self._closing = True
         self.wait_for_compaction()
         with self._write:
             if self._closed:

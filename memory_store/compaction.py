@@ -14,6 +14,14 @@ write lock only to replay the few that arrived meanwhile and commit; the old gen
 after the lock. No op waits for the O(n) build, and the thread holds the GIL in short slices: rows
 are read and encoded a slice at a time, and the native state is rebuilt without it (`State.rebased`).
 
+Back-pressure (`backlog`, `wait_commit`): ops can come faster than builds (a build inserts each delta
+row into a graph; an op costs microseconds), and each commit then leaves the ops made during its build
+as the next delta, larger each time. So once the job has more than BankConfig.auto_compact_limit rows
+or ops to catch up on, an op waits (outside the write lock, at most auto_compact_wait_s) until it has
+committed. The job's work is then fixed: its build, the records kept so far, and under the lock at
+most the limit plus one batch; it always commits. `close()` starts no further job (`auto`), so it
+waits for at most the one in flight.
+
 What a build costs beyond the changed rows: a row the old base still holds keeps its Memory object,
 its vector is copied from the old base's file to the new one in the kernel (CarriedVectors), its
 norm is carried (State.rebased, which still touches each page of the new mapping once), and its
@@ -29,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memr1.memory_store import _core
-from memr1.memory_store.errors import BankError, BankIOError
+from memr1.memory_store.errors import BankBusy, BankError, BankIOError
 from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
 from memr1.memory_store.segment import Segment, memory_segment
 from memr1.memory_store.segment_io import CarriedVectors
@@ -69,6 +77,8 @@ def auto(bank) -> None:
     warning, and the next try waits until the rows past their threshold have doubled."""
     if bank._job is not None and bank._job.thread.is_alive():
         return  # one at a time: the running one replays this op (a job whose thread is gone: a forked copy)
+    if bank._closing:
+        return  # close() waits for the job in flight only; the log holds every op
     if bank.path is not None:
         check_lock(bank.path, bank._lock_fd)  # a build writes into the folder: it must still be this bank's
     if bank.config.auto_compact_background:
@@ -198,6 +208,7 @@ class Background:
 
     def __init__(self, bank):
         self.recorder, self.committed = _core.Recorder(bank._log), False
+        self.settled = threading.Event()  # committed or failed: what ops held back by `backlog` wait for
         args = (bank, bank._core.fork(), bank.config, bank.path, bank._manifest, bank._segment)
         self.thread = threading.Thread(target=self._run, args=args, name="memr1-compaction")
         self.thread.start()
@@ -210,10 +221,11 @@ class Background:
             records = self.recorder.records()
             where = f"the ops applied during the compaction of bank {path}"
             replay(gen.core, records, where, gen.log)
-            with bank._write:
+            with bank._write:  # ops blocked: at most the back-pressure limit and a batch are left
                 replay(gen.core, self.recorder.records(len(records)), where, gen.log)
                 old = commit(bank, gen)
                 self.committed = True
+                self.settled.set()
             old = previous = segment = None  # the old generation released outside the lock
             finished(bank, gen)
             with bank._write:
@@ -225,6 +237,35 @@ class Background:
                 discard(gen, path)
             with bank._write:
                 failed(bank, e)
+        finally:
+            self.settled.set()
+
+
+def backlog(bank) -> Background | None:
+    """Under the write lock, before an op: the running background job the op must wait for, when it
+    has more rows (the delta's) or ops (kept since its snapshot) left to catch up on than the limit."""
+    job = bank._job
+    if job is None or job.committed:
+        return None
+    limit = bank.config.auto_compact_limit(bank._compact_at[0])
+    if bank._core.delta_len <= limit and len(job.recorder) <= limit:
+        return None
+    return job
+
+
+def wait_commit(bank, job: Background, deadline: float | None) -> float:
+    """Outside the write lock: until `job` has committed or failed, or `deadline` (time.monotonic(); None:
+    auto_compact_wait_s from now) has passed, which raises BankBusy. Returns the deadline, for the
+    op's next wait should the next job be behind too."""
+    if deadline is None:
+        deadline = time.monotonic() + bank.config.auto_compact_wait_s
+    if not job.settled.wait(max(0.0, deadline - time.monotonic())):
+        limit = bank.config.auto_compact_limit(bank._compact_at[0])
+        behind, waited = max(bank._core.delta_len, len(job.recorder)), bank.config.auto_compact_wait_s
+        raise BankBusy(f"bank {bank.path}: the op was not applied: a background compaction with {behind} rows or "
+                       f"ops to catch up on (limit {limit}, auto_compact_max_delta) did not commit within "
+                       f"auto_compact_wait_s={waited} s; retry, or raise either setting")
+    return deadline
 
 
 def wait(job: Background | None) -> None:

@@ -28,6 +28,11 @@ class BankLocked(BankError):
     """Another writer holds the bank."""
 
 
+class BankBusy(BankError):
+    """An op waited auto_compact_wait_s for a background compaction to catch up (BankConfig's
+    back-pressure) and was not applied. Retry it; nothing changed."""
+
+
 class BankFormatError(BankError):
     """The path is not a memr1 bank of a version this code reads, or one of its files is damaged."""
 

@@ -183,6 +183,14 @@ class BankConfig(msgspec.Struct, frozen=True):
     # ops and searches use the old generation until the new one is committed (compaction.py).
     # False: that op compacts before it returns (seconds at 1e5 rows).
     auto_compact_background: bool = True
+    # Back-pressure: while a background compaction runs, an op waits for it to commit once the rows or
+    # ops it must still catch up on (the delta's rows, the ops made since its snapshot) exceed
+    # max(auto_compact_max_delta, 2 x the delta threshold above). Without it a burst outruns the
+    # builds: each replays the ops made during it into a larger delta, and nothing bounds the delta or
+    # close(). An op waits at most auto_compact_wait_s in all, then raises BankBusy unapplied (0: never
+    # waits, refuses at once).
+    auto_compact_max_delta: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 32_768
+    auto_compact_wait_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 60.0
 
     def auto_compact_thresholds(self, base_rows: int) -> tuple[int, int] | None:
         """(delta rows, dead base rows) past either of which a writable bank over `base_rows` compacts
@@ -191,6 +199,12 @@ class BankConfig(msgspec.Struct, frozen=True):
             return None
         return (max(self.auto_compact_min_rows, int(self.auto_compact_ratio * base_rows)),
                 max(self.auto_compact_min_rows, int(self.auto_compact_dead_ratio * base_rows)))
+
+    def auto_compact_limit(self, delta_threshold: int) -> int:
+        """The rows or ops a background compaction may have left to catch up on before ops wait for it
+        (delta_threshold: the first of auto_compact_thresholds). Twice the threshold at least, so that
+        the op crossing the threshold never waits for the compaction it starts."""
+        return max(self.auto_compact_max_delta, 2 * delta_threshold)
 
 
 class Manifest(msgspec.Struct):
