@@ -82,7 +82,8 @@ def decide(pairs: list[tuple[ManagerTurn, object]], embedder, cfg: ManagerConfig
     parsed = []
     for turn, completion in pairs:
         text = getattr(completion, "text", completion)
-        parsed.append(parse_manager_output(text if isinstance(text, str) else "", len(turn.prompt.bank_ids), cfg))
+        parsed.append(parse_manager_output(text if isinstance(text, str) else "", len(turn.prompt.bank_ids), cfg,
+                                           turn.prompt.shown_texts))
     texts = [op.text for ops, _ in parsed for op in ops if op.event in ("ADD", "UPDATE")]
     vectors = iter(embedder.embed(texts)) if texts else iter(())
     outcomes = []
@@ -93,7 +94,7 @@ def decide(pairs: list[tuple[ManagerTurn, object]], embedder, cfg: ManagerConfig
             status=diag.status, parsed=diag.parsed, events=[op.event for op in ops],
             invalid_ops=diag.invalid_items + diag.duplicate_ids + len(diag.hallucinated_ids),
             truncated=hit_cap(completion), error=diag.error, store_ops=store,
-            refs=[{"event": op.event, "local_id": op.local_id, "old_memory": op.old_memory} for op in ops
+            refs=[{"event": op.event, "local_id": op.reply_id, "old_memory": op.old_memory} for op in ops
                   if op.event != "ADD"]))
     return outcomes
 

@@ -266,3 +266,21 @@ def test_a_well_formed_reply_fits_its_token_bound():
     # Memory text in the prompt is cut to max_memory_bytes (UTF-8, at a character boundary).
     msgs = build_answer_messages("Q?", {"A": [(1, "é" * 100, "8 May 2023")]}, AnswerConfig(max_memory_bytes=21))
     assert "- [8 May 2023] " + "é" * 10 + "\n" in msgs[1]["content"] + "\n"
+
+
+def test_resolve_text_takes_the_memory_whose_text_the_op_copies():
+    """manager.resolve = "text": the shown memory old_memory copies wins over the id; the id breaks ties
+    and stands in when the text matches none; "id" (the default) keeps the id."""
+    from memr1.rl.agents.manager import ManagerConfig
+    shown = ["Caroline has two dogs", "Mel lives in Paris", "Mel lives in Paris", "Caroline plays piano"]
+    item = lambda i, old, e="UPDATE": {"id": i, "text": "new" if e == "UPDATE" else "", "event": e, "old_memory": old}
+    reply = json.dumps({"memory": [item("0", " mel lives in PARIS"),            # conflict: the text names 1 (or 2)
+                                   item("2", "Mel lives in Paris", "DELETE"),  # tie: the id is among the matches
+                                   item("3", "Caroline plays the piano", "NONE"),   # no match: the id
+                                   item("9", "Caroline has two dogs", "NONE")]})  # a bad id the text recovers
+    by_id, d_id = parse_manager_output(reply, len(shown), ManagerConfig(), shown)
+    by_text, d_text = parse_manager_output(reply, len(shown), ManagerConfig(resolve="text"), shown)
+    assert [op.local_id for op in by_id] == [0, 2, 3] and d_id.hallucinated_ids == ["9"]
+    assert [op.local_id for op in by_text] == [1, 2, 3, 0] and not d_text.hallucinated_ids
+    assert [op.reply_id for op in by_text] == [0, 2, 3, None]   # what the reply said, for the rollout's refs
+    assert [op.given_id for op in by_id] == [None] * 3            # "id": nothing moved

@@ -17,7 +17,7 @@ A parse failure yields no ops, so the bank stays unchanged.
 import json
 import re
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
@@ -67,6 +67,10 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     list_unchanged: bool = True         # the paper's output lists every shown memory (NONE included);
                                         # false: only the changes and the ADDs (a shorter reply)
     max_text_chars: Annotated[int, Meta(ge=1, le=100_000)] = 500
+    # Which memory an UPDATE, DELETE or NONE concerns: "id", the shown id it gives (the paper's); "text",
+    # the shown memory whose text its old_memory copies (trimmed, case-folded), the id breaking ties and
+    # standing in when the text matches none. Memory systems address memories by content too.
+    resolve: Literal["id", "text"] = "id"
 
 
 class ManagerPrompt(msgspec.Struct, frozen=True):
@@ -77,9 +81,17 @@ class ManagerPrompt(msgspec.Struct, frozen=True):
 
 class ManagerOp(msgspec.Struct, frozen=True):
     event: str                   # ADD / UPDATE / DELETE / NONE
-    local_id: int | None         # None for ADD (the bank assigns the id)
+    local_id: int | None         # the shown memory it concerns (ManagerConfig.resolve); None for ADD
     text: str = ""
     old_memory: str | None = None
+    # set only where resolve = "text" moved the op off the id the reply gave: that id (-1: none that names
+    # a shown memory); the rollout records what the reply said (ManagerOp.reply_id)
+    given_id: int | None = None
+
+    @property
+    def reply_id(self) -> int | None:
+        """The shown id the reply gave, None when it gave none naming a shown memory (or for an ADD)."""
+        return self.local_id if self.given_id is None else (None if self.given_id < 0 else self.given_id)
 
 
 class ManagerDiagnostics(msgspec.Struct):
@@ -143,9 +155,24 @@ def _local_id(raw, n_shown: int) -> int | None:
     return raw if isinstance(raw, int) and 0 <= raw < n_shown else None
 
 
-def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfig()
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def by_text(old: str | None, given: int | None, shown_texts: list[str]) -> int | None:
+    """resolve = "text": the shown memory whose text `old` copies (the given id among several that match,
+    else the first), or the given id when none matches."""
+    if old is None:
+        return given
+    key = _norm(old)
+    matches = [i for i, t in enumerate(shown_texts) if _norm(t) == key]
+    return given if not matches or given in matches else matches[0]
+
+
+def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfig(), shown_texts: list[str] | None = None
                          ) -> tuple[list[ManagerOp], ManagerDiagnostics]:
-    """Ops from a completion, never raising. `n_shown` is len(prompt.bank_ids)."""
+    """Ops from a completion, never raising. `n_shown` is len(prompt.bank_ids); `shown_texts`
+    (ManagerPrompt.shown_texts) lets resolve = "text" read which memory an op's old_memory copies."""
     value, err = extract_json(output)
     if isinstance(value, dict):
         items = next((value[k] for k in ("memory", "memories", "operations") if k in value), None)
@@ -171,9 +198,11 @@ def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfi
         if event not in EVENTS or (event in ("ADD", "UPDATE") and not text):
             diag.invalid_items += 1
             continue
-        local = None
+        local = given = None
         if event != "ADD":
-            local = _local_id(item.get("id"), n_shown)
+            local = given = _local_id(item.get("id"), n_shown)
+            if cfg.resolve == "text" and shown_texts is not None:
+                local = by_text(old, given, shown_texts[:n_shown])
             if local is None:
                 diag.hallucinated_ids.append(str(item.get("id"))[:40])
                 continue
@@ -182,7 +211,8 @@ def parse_manager_output(output, n_shown: int, cfg: ManagerConfig = ManagerConfi
                 continue
             used.add(local)
         diag.counts[event] += 1
-        ops.append(ManagerOp(event=event, local_id=local, text=text, old_memory=old))
+        moved = None if local == given else (-1 if given is None else given)
+        ops.append(ManagerOp(event=event, local_id=local, text=text, old_memory=old, given_id=moved))
     return ops, diag
 
 
