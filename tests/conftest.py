@@ -25,6 +25,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def gate(monkeypatch):
+    """A bank's compaction builds wait until the test opens the gate (gate.set()), so the test decides what
+    happens while one is in flight; the gate opens at the end in any case."""
+    import threading
+
+    from memr1.memory_store import compaction
+
+    opened, real = threading.Event(), compaction.build
+
+    def gated_build(*args):
+        assert opened.wait(60), "the test never opened the gate"
+        return real(*args)
+    monkeypatch.setattr(compaction, "build", gated_build)
+    yield opened
+    opened.set()
+
+
+@pytest.fixture
 def poisoned(monkeypatch):
     """Fill every fresh torch.empty buffer with NaN, so an element a kernel forgets to write shows."""
     import torch

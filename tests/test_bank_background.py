@@ -22,18 +22,6 @@ DIM = 16
 QUERIES = np.random.default_rng(11).standard_normal((6, DIM)).astype(np.float32)
 
 
-@pytest.fixture
-def gate(monkeypatch):
-    """Builds wait until the test opens the gate, so the test decides what happens during one."""
-    opened, real = threading.Event(), compaction.build
-
-    def gated_build(*args):
-        assert opened.wait(30), "the test never opened the gate"
-        return real(*args)
-    monkeypatch.setattr(compaction, "build", gated_build)
-    return opened
-
-
 def make_bank(tmp_path, layout, **overrides):
     path = tmp_path / "b" if layout == "disk" else None
     return MemoryBank.create(path, dim=DIM, auto_compact_min_rows=50, auto_compact_ratio=0.1, fsync="never",

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from memr1.memory_store import Add, BankBusy, InvalidInput, MemoryBank, Noop, compaction
+from memr1.memory_store import Add, BankBusy, InvalidInput, MemoryBank, Noop
 from memr1.memory_store.records import MAX_COUNT
 
 DIM = 4
@@ -61,19 +61,6 @@ def test_a_burst_commits_compactions_and_keeps_the_delta_under_the_limit(tmp_pat
     with MemoryBank.open(tmp_path / "b", "r") as again:  # every acknowledged op, in order
         assert again.stats()["ops"] == n_one + n_batch
         assert {m.id: m.text for m in again} == {i: f"m{i}" for i in range(n_one + n_batch)}
-
-
-@pytest.fixture
-def gate(monkeypatch):
-    """Background builds wait until the test opens the gate, so a compaction stays in flight."""
-    opened, real = threading.Event(), compaction.build
-
-    def gated_build(*args):
-        assert opened.wait(60), "the test never opened the gate"
-        return real(*args)
-    monkeypatch.setattr(compaction, "build", gated_build)
-    yield opened
-    opened.set()
 
 
 def vector(i: int) -> np.ndarray:
