@@ -35,6 +35,7 @@ from msgspec import Meta
 
 from memr1.memory_store import Add, Delete, MemoryBank, Update
 from memr1.rl.banks import stream_groups
+from memr1.rl.data.errors import DataError
 from memr1.rl.data.locomo import QA, Conversation, Session
 
 
@@ -259,7 +260,8 @@ def step_items(items: list, step: int, per_step: int, rank: int = 0, world: int 
     """This rank's contiguous share of the items of `step`: a fixed walk over the shuffled list, so a
     resumed run sees the same order (the caller checks that per_step divides over the ranks)."""
     if not items:
-        raise ValueError("no training items: the data has no questions the pipeline can reach")
+        raise DataError("no training items: the data has no questions the pipeline can reach (with "
+                        "extract.source=model, did the model extract any facts?)")
     share = per_step // world
     start = step * per_step + rank * share
     return [items[(start + i) % len(items)] for i in range(share)]

@@ -9,6 +9,7 @@ show (prompts that do not divide over the ranks, budgets that can cut a distilla
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -116,5 +117,21 @@ def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model:
         if need_model:
             raise
         base = None
+    if base is not None and (problem := layers_problem(cfg, Path(base))):
+        raise ValueError(problem)
     return Resolved(cfg, cfg.resolved_run_dir(), base, rank, world, Task(cfg.extract, cfg.manager, cfg.answer))
+
+
+def layers_problem(cfg: RunConfig, model: Path) -> str | None:
+    """learner.train_layers against the model's decoder blocks (its config.json), before any engine
+    starts: a recipe sized for one model run on a smaller one fails here in one line."""
+    n = cfg.learner.train_layers
+    try:
+        blocks = json.loads((model / "config.json").read_text()).get("num_hidden_layers") if n else None
+    except (OSError, ValueError, AttributeError):
+        return None   # the model's own loading says what is wrong with its folder
+    if isinstance(blocks, int) and n > blocks:
+        return (f"learner.train_layers={n}: the model {model} has {blocks} decoder blocks; use at most {blocks}, "
+                f"or 0 to train every weight")
+    return None
 
