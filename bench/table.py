@@ -44,6 +44,8 @@ ORDER = ("e2e", "train_step", "rollout", "loop", "kernels", "attention", "memory
 # memr1 (over sizes or group sizes: the README shows no best case). A bench not listed here, or whose
 # patterns match nothing (a --quick run names other sizes or rows), shows its entries that carry a target,
 # else its first one. op_probe diagnoses a training run's reward, so only the full table shows it.
+# benches whose entries are learning results (EM points on a split), tabled apart from speed
+LEARNING = ("learning", "headroom", "op_targets")
 README_PICK = {
     "e2e": ((r"^SmolLM2-135M-Instruct: memr1_noskip over trl_vllm", "all"),),
     "train_step": ((r"memr1_noshare over trl_compact", "worst"), (r"memr1 over trl,", "worst")),
@@ -60,7 +62,8 @@ README_PICK = {
     # Per run of the JSON (data seed, seed): the manager's RL part and RL against rejection sampling on
     # its own rollouts, and the answer agent's RL part on the banks it trained on.
     "learning": ((r": manager em_fixed_answerer, trained manager - (warm|rejection-sampling) manager$", "all"),
-                 (r": answer em_warm_manager_banks, trained answer agent - warm answer agent$", "all")),
+                 (r": answer em_warm_manager_banks, trained answer agent - (warm|rejection-sampling) answer agent$",
+                  "all")),
 }
 
 
@@ -238,7 +241,7 @@ def readme_tables(root: Path) -> str:
     for _, files in groups:
         for path, data in files:
             rows = [r + [link(root, path)] for r in rows_of(data, str(path), pick(data["bench"], data["headline"]))]
-            (learning if data["bench"] == "learning" else speed).extend(rows)
+            (learning if data["bench"] in LEARNING else speed).extend(rows)
     parts = []
     if speed:
         parts.append("**Speed and memory** (a ratio above 1x favours memr1):\n\n" + markdown(speed, README_COLUMNS))
