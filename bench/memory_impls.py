@@ -145,6 +145,38 @@ class UsearchOverlay:
             out.append(fork.merge(np.asarray(rows, np.int64), q, k))
         return out
 
+    @staticmethod
+    def search_forks_exact(forks: list["UsearchOverlay"], queries: np.ndarray, k: int) -> list[np.ndarray]:
+        """forks[i].search(queries[i], k) for every i with no graph: what a user writes below the size
+        where a graph pays (memr1's hnsw_threshold). The shared base is scored for all queries by one f32
+        GEMM, each fork's hidden rows masked, the forks' overlays scored in one batched product (padded
+        to the largest), and one top k taken over both for every fork at once."""
+        first = forks[0]
+        units = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+        scores = (units @ first.base.T) * first.base_inv
+        scores[:, first.removed] = -np.inf
+        for i, fork in enumerate(forks):
+            if fork.hidden:
+                scores[i, np.fromiter(fork.hidden, np.int64, len(fork.hidden))] = -np.inf
+        ids = np.broadcast_to(first.base_ids, scores.shape)
+        width = max(fork.n for fork in forks)
+        if width:
+            rows = np.zeros((len(forks), width, units.shape[1]), np.float32)
+            extra_ids = np.full((len(forks), width), -1, np.int64)
+            live = np.zeros((len(forks), width), bool)
+            for i, fork in enumerate(forks):
+                rows[i, :fork.n], extra_ids[i, :fork.n], live[i, :fork.n] = fork.rows[:fork.n], fork.ids[:fork.n], True
+                live[i, fork.dead] = False
+            extra = np.matmul(rows, units[:, :, None])[:, :, 0]
+            extra[~live] = -np.inf
+            scores, ids = np.concatenate([scores, extra], axis=1), np.concatenate([ids, extra_ids], axis=1)
+        k = min(k, scores.shape[1])
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable"), 1)
+        best = np.take_along_axis(scores, top, 1)
+        found = np.take_along_axis(ids, top, 1)
+        return [found[i][best[i] > -np.inf] for i in range(len(forks))]
+
     def merge(self, rows: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
         """The top k of base `rows` re-scored exactly and this fork's overlay scanned; `q` unit-norm."""
         scores, ids = (self.base[rows] @ q) * self.base_inv[rows], self.base_ids[rows]

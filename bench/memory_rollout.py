@@ -80,7 +80,8 @@ def memr1_search_all(forks, queries, k):
 # A batched impl: (the root it forks, its search of all forks at once).
 BATCHED = {"memr1_batched": ("memr1", memr1_search_all),
            "memr1_compacted_batched": ("memr1_compacted", memr1_search_all),
-           "usearch_overlay_batched": ("usearch_overlay", UsearchOverlay.search_forks)}
+           "usearch_overlay_batched": ("usearch_overlay", UsearchOverlay.search_forks),
+           "exact_overlay_batched": ("usearch_overlay", UsearchOverlay.search_forks_exact)}
 
 
 def rollout_rows(scn, groups, m: int, k: int, rounds: int) -> list[dict]:

@@ -17,7 +17,7 @@ def eval_cli(args) -> int:
     try:
         cfg = load_config(args.config, list(getattr(args, "overrides", None) or []))
         models = cli_models(args)
-        out = run_eval(resolve(cfg, 0, 1), split=args.split, models=models)
+        out = run_eval(resolve(cfg, 0, 1, trains=False), split=args.split, models=models)
         if getattr(args, "compare", None):
             print_comparison(Path(args.compare), out, cfg.eval.resamples, cfg.seed)
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:   # bad config, data, checkpoint

@@ -133,7 +133,7 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
     t_start = time.perf_counter()
     rank, world = dist_utils.init(cfg.learner.device)
     try:
-        run = resolve(cfg, rank, world)
+        run = resolve(cfg, rank, world, trains=False)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     out, role = run.run_dir.resolve(), stage_name(name).role

