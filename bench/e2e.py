@@ -16,7 +16,7 @@ configs/default.toml's generator, embedder, learner and answer-stage shape; --in
 another checkpoint, e.g. the answer warm start's, whose short answers give groups with signal). memr1 generates with vLLM
 where it is importable (bench.loop's tiny row uses the HF backend). Both sides get the same prompts (the
 answer prompts of the stage's first steps, checked to tokenize to the same ids and to be drawn in the
-same order), completions per step, group size, token budget, sampling, reward (rl.rewards' answer
+same order), completions per step, group size, token budget, sampling, reward (rl.task.rewards' answer
 reward), loss (token mean, clip, no KL, no dual clip), AdamW and lr, and both train every layer without
 activation checkpointing (default.toml trains only the top `learner.train_layers` blocks; TRL has no
 such setting). TRL's micro-batches hold as many completions as fit memr1's learner.micro_batch_tokens.

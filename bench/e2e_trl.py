@@ -25,8 +25,8 @@ GENERATION = {  # TRL's ways to generate, as GRPOConfig fields; "hf" (transforme
 
 def answer_rows(stage, steps: int) -> list[dict]:
     """The prompts memr1's AnswerStage samples at steps 0..steps-1, in its order, each with its gold answer."""
-    from memr1.rl.items import step_items
-    from memr1.rl.turns import AnswerRequest, answer_prompts
+    from memr1.rl.task.train_items import step_items
+    from memr1.rl.task.turns import AnswerRequest, answer_prompts
 
     items = [it for s in range(steps) for it in step_items(stage.items, s, stage.cfg.prompts_per_step)]
     prompts = answer_prompts([AnswerRequest(it.bank, it.question.question, it.speakers) for it in items],
@@ -48,7 +48,7 @@ def rows_dataset(rows: list[dict], stubbed: list[str]):
 
 
 class Counts:
-    """memr1's answer reward (rl.stages.score_answers + rl.rewards.answer_reward) as a TRL reward function,
+    """memr1's answer reward (rl.task.stages.calls.score_answers + rl.task.rewards.answer_reward) as a TRL reward function,
     also counting each step's completion tokens and the share of them in groups whose rewards differ
     (the only ones with a gradient; memr1's learner skips the others, TRL computes them all)."""
 
@@ -57,8 +57,8 @@ class Counts:
         self.__name__ = "memr1_answer_reward"
 
     def __call__(self, completions, completion_ids, gold, question, **kw):
-        from memr1.rl.rewards import answer_reward
-        from memr1.rl.stages import score_answers
+        from memr1.rl.task.rewards import answer_reward
+        from memr1.rl.task.stages.calls import score_answers
 
         texts = [c[-1]["content"] for c in completions]
         parsed, scores = score_answers(texts, gold, question, self.stage.task.answer, self.stage.reward, None)

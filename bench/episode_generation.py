@@ -18,12 +18,12 @@ METRICS = ("sessions", "gen_s", "score_s", "episodes", "forks", "bank_ops", "com
 
 
 def generation_problem() -> str | None:
-    """Why the generation row cannot run on rl/episode_stage.py as it is now (None: it can), checked
+    """Why the generation row cannot run on rl/task/stages/episode.py as it is now (None: it can), checked
     before the grid so that a changed API costs a line, not a run."""
     import inspect
     try:
-        from memr1.rl.episode_stage import EpisodeStage
-        from memr1.rl.episodes import EpisodeConfig
+        from memr1.rl.task.stages.episode import EpisodeStage
+        from memr1.rl.task.episodes import EpisodeConfig
         inspect.signature(EpisodeStage).bind(*range(8), seed=0)
         inspect.signature(EpisodeStage.rollout).bind(None, 0, None)
         missing = {"sessions", "inner_n", "curriculum"} - set(EpisodeConfig.__struct_fields__)
@@ -33,7 +33,7 @@ def generation_problem() -> str | None:
 
 
 def generation_error(problem: str) -> str:
-    return ("error: --generation needs memr1.rl.episode_stage.EpisodeStage(items_for, frozen_answer, embedder, "
+    return ("error: --generation needs memr1.rl.task.stages.episode.EpisodeStage(items_for, frozen_answer, embedder, "
             "cfg, rollout, task, reward, episode, seed=) with .frozen, .embedder, .cfg.group_size, "
             f".episode.inner_n and .rollout(step, generator).metrics holding {', '.join(METRICS)}; {problem}")
 
@@ -102,12 +102,12 @@ def generation_child(out: str, group: int = 4, sessions: int = 2, inner_n: int =
     from memr1.engine.config.resolve import resolve
     from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
-    from memr1.rl.data import load_conversations
-    from memr1.rl.episode_stage import EpisodeStage
-    from memr1.rl.episodes import episode_items
-    from memr1.rl.facts import facts_for
+    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.stages.episode import EpisodeStage
+    from memr1.rl.task.episodes import episode_items
+    from memr1.rl.task.facts import facts_for
     from memr1.rl.generation import GREEDY
-    from memr1.rl.stages import StageConfig
+    from memr1.rl.task.stages.calls import StageConfig
 
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg = run.cfg

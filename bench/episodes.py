@@ -1,4 +1,4 @@
-"""What memr1's O(1) forks buy in session-level rollouts (Memory-R2's LoGo-GRPO, rl/episodes.py).
+"""What memr1's O(1) forks buy in session-level rollouts (Memory-R2's LoGo-GRPO, rl/task/episodes.py).
 
     python -m memr1.bench.episodes [--quick] [--generation] --json PATH
 

@@ -14,7 +14,7 @@ one row per metric with a column per bank source:
   rs          the manager's rejection-sampling control, when the run has one
   trained     the RL-trained manager's banks
 and `headroom` = oracle - add_all, paired over questions, with its 95% interval resampling
-conversations (rl/stats.py). RULE is the decision this table settles, fixed before the runs it reads:
+conversations (rl/task/eval/stats.py). RULE is the decision this table settles, fixed before the runs it reads:
 the headline says, per run, whether the rule's "no headroom" condition holds.
 """
 import argparse
@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 from memr1.bench.common import headline_entry, print_table, write_json
-from memr1.rl.stats import compare_reports
+from memr1.rl.task.eval.stats import compare_reports
 
 RULE = ("If, under the better reader, the oracle's banks beat ADD-every-fact banks by less than 2 EM points "
         "with a 95% interval (conversations resampled) that includes 0, at both data seeds, then on this task "

@@ -1,6 +1,6 @@
 """Learning you can see: the main job's recipe (configs/default.toml) over several runs, with each RL
 stage's gain on the held-out **test** split beside a supervised control of the same prompts, in
-intervals that resample conversations (rl/stats.py).
+intervals that resample conversations (rl/task/eval/stats.py).
 
     python -m memr1.bench.learning [--quick] [--seeds 0,1] [--data-seeds 0,1] [--config configs/default.toml]
                                    --json PATH
@@ -27,7 +27,7 @@ control and rs columns (add_all: the ADD-every-fact banks, manager rows):
   stage "end_to_end"  em, f1: each policy's full pipeline
   stage "locomo_val"  (when the LoCoMo file is present) f1, bleu1, memories_per_10_turns: base, warm and
                       trained agents on LoCoMo's val conversation, facts extracted by the base model (one
-                      conversation, so its deltas carry no interval: rl/stats.py)
+                      conversation, so its deltas carry no interval: rl/task/eval/stats.py)
 Every comparison is paired: delta = trained - base, rl_delta = trained - warm (RL's own part),
 vs_control = trained - control (RL against as much supervised training on the same prompts), vs_rs =
 trained - rs (RL against rejection sampling on the same rollouts), vs_add_all = the trained manager's
@@ -35,7 +35,7 @@ banks against ADD-every-fact banks under the trained answer agent, each
 with its 95% interval (`*_ci_low`, `*_ci_high`). `minutes` is the run's wall time; the JSON's `phases`
 holds each run's minutes per stage and per eval, `compute` each arm's generated and learner tokens and
 minutes (equal data and compute: rl/algos/rejection.py), and `op_visibility` the share of train items whose
-reward changes with each op kind (rl/op_probe.py, by the run's trained answer agent), both keyed by the
+reward changes with each op kind (rl/task/eval/op_probe.py, by the run's trained answer agent), both keyed by the
 run's name (d<D>s<S>). The headline, per run, in points with their intervals: HEADLINE below, for the
 rows the run made.
 """
@@ -176,7 +176,7 @@ def compute_of(run: Path) -> dict:
 def locomo_rows(run: Path, seed: int, locomo: Path, minutes: float, data_seed: int = 0) -> tuple[list[dict], dict]:
     """Base, warm and trained agents on LoCoMo's val conversation (facts extracted by the base model,
     extraction cut at 96 tokens), evaluated through `memr1 eval`; rows and each policy's op mix."""
-    from memr1.rl.stats import compare_reports
+    from memr1.rl.task.eval.stats import compare_reports
 
     cfg = run / "config.toml"
     models = {"base": [], "warm": ["--manager", str(_final(run, "manager_warm")), "--answer", str(_final(run, "answer_warm"))],
@@ -217,7 +217,7 @@ def _final(run: Path, stage: str) -> Path:
 
 
 def visibility(run: Path, items: int) -> dict:
-    """rl/op_probe.py on the run's train items, by its trained answer agent (bench/op_probe.py)."""
+    """rl/task/eval/op_probe.py on the run's train items, by its trained answer agent (bench/op_probe.py)."""
     out = run / "op_visibility.json"
     if not out.is_file():
         cmd = [sys.executable, "-m", "memr1.bench.op_probe", "--run", str(run), "--items", str(items), "--json", str(out)]

@@ -45,13 +45,13 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     from memr1.engine.training.config import LearnerConfig
     from memr1.engine.training.learner import Learner
     from memr1.memory_store import HashEmbedder
-    from memr1.rl.agents.answer import AnswerConfig
-    from memr1.rl.data import load_conversations
+    from memr1.rl.task.agents.answer import AnswerConfig
+    from memr1.rl.task.data import load_conversations
     from memr1.rl.generation import SamplingConfig
-    from memr1.rl.items import answer_items, oracle_bank
-    from memr1.rl.rewards import RewardConfig
-    from memr1.rl.stages import AnswerStage, StageConfig
-    from memr1.rl.turns import Task
+    from memr1.rl.task.train_items import answer_items, oracle_bank
+    from memr1.rl.task.rewards import RewardConfig
+    from memr1.rl.task.stages.calls import AnswerStage, StageConfig
+    from memr1.rl.task.turns import Task
 
     # quick is a smoke run of the bench: fewer memories shorten its prompts, which TRL's full-vocabulary
     # logits over every position make the bulk of bench.e2e's quick time
@@ -77,9 +77,9 @@ def smollm2_setup(dtype: str | None = None) -> Setup:
     from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
     from memr1.engine.training.learner import Learner
-    from memr1.rl.data import load_conversations
-    from memr1.rl.items import answer_items, oracle_bank
-    from memr1.rl.stages import AnswerStage
+    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.train_items import answer_items, oracle_bank
+    from memr1.rl.task.stages.calls import AnswerStage
 
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg, scfg = run.cfg, run.stage("answer")

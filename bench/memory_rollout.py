@@ -1,4 +1,4 @@
-"""Rollouts forking one bank, as the manager stage does (rl/stages.py: a fork per completion, its ops,
+"""Rollouts forking one bank, as the manager stage does (rl/task/stages/calls.py: a fork per completion, its ops,
 the answers' searches, the fork dropped), and concurrent readers of one bank.
 
 `op = "fork_rollout"`: one timed unit is G x (fork, m ops, one top-k search, drop), for G in 8, 64 and

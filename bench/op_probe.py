@@ -1,4 +1,4 @@
-"""Can the manager's reward see each kind of op? rl/op_probe.py on a finished run's train items.
+"""Can the manager's reward see each kind of op? rl/task/eval/op_probe.py on a finished run's train items.
 
     python -m memr1.bench.op_probe --run RUN_DIR [--items N] --json PATH
     python -m memr1.bench.op_probe --run RUN_DIR --decisions [--items N] --json PATH
@@ -13,7 +13,7 @@ The headline is that share per variant: how much of each mistake the reward can 
 `--decisions` asks instead whether each of the run's manager checkpoints (manager_warm, manager,
 manager_control) would make those decisions: teacher-forced on the oracle's reply for the same items,
 the mean and median probability it puts on each op's event and, for ops on a shown memory, on its id
-(rl/op_probe.py:decision_probs). 60 items on two checkpoints take about 1.5 minutes on 2 cores, where
+(rl/task/eval/op_probe.py:decision_probs). 60 items on two checkpoints take about 1.5 minutes on 2 cores, where
 reading a recipe off its evaluation takes a training run.
 """
 import argparse
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
     from memr1.engine.assembly import RunContext, make_stage
-    from memr1.rl.op_probe import VARIANTS, op_visibility
+    from memr1.rl.task.eval.op_probe import VARIANTS, op_visibility
 
     run_dir = Path(args.run)
     cfg = load_config(run_dir / "config.toml")
@@ -87,9 +87,9 @@ def decisions(run_dir: Path, n_items: int, json_path: str) -> int:
     from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
-    from memr1.rl.op_probe import decision_probs
-    from memr1.rl.turns import manager_turns
-    from memr1.rl.warm import manager_target
+    from memr1.rl.task.eval.op_probe import decision_probs
+    from memr1.rl.task.turns import manager_turns
+    from memr1.rl.task.stages.warm import manager_target
 
     cfg = load_config(run_dir / "config.toml")
     if cfg.items.bank_pipeline != "oracle" or cfg.extract.source != "oracle":

@@ -2,13 +2,13 @@
 reuse a previous round's prefill.
 
   short     a synthetic question alone as the user message (tens of tokens)
-  manager   Memory-R1 manager turns (rl/turns.manager_turns) on the synthetic oracle's banks
-  answer    Memory-R1 answer turns (rl/turns.answer_prompts) on the oracle's banks
+  manager   Memory-R1 manager turns (rl/task/turns.manager_turns) on the synthetic oracle's banks
+  answer    Memory-R1 answer turns (rl/task/turns.answer_prompts) on the oracle's banks
 The manager and answer prompts are built exactly as the training stages build them, with the default
 config's manager and answer settings (configs/default.toml). Retrieval uses the hashing embedder: a
 synthetic speaker has at most 5 memories and the default top-k is 5, so every embedder shows the same
 memories (in id order), and the prompts are the ones training sees."""
-from memr1.rl.data import load_conversations
+from memr1.rl.task.data import load_conversations
 from memr1.rl.generation import chat_prompt_ids
 
 KINDS = ("short", "manager", "answer")
@@ -25,9 +25,9 @@ def prompt_sets(cfg, tokenizer, sets: int, prompts: int, kinds=KINDS) -> dict[st
         out["short"] = [[{"role": "user", "content": q}] for q in _take(questions, need, "questions")]
     if "manager" in kinds or "answer" in kinds:  # the bank's native core: only when these kinds are asked for
         from memr1.memory_store import HashEmbedder
-        from memr1.rl.facts import oracle_facts
-        from memr1.rl.items import answer_items, manager_calls, manager_items, oracle_bank
-        from memr1.rl.turns import AnswerRequest, answer_prompts, manager_turns
+        from memr1.rl.task.facts import oracle_facts
+        from memr1.rl.task.train_items import answer_items, manager_calls, manager_items, oracle_bank
+        from memr1.rl.task.turns import AnswerRequest, answer_prompts, manager_turns
 
         embedder = HashEmbedder(64)
     if "manager" in kinds:

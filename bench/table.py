@@ -114,7 +114,7 @@ def value_text(h: dict) -> str:
     if h.get("ci_low") is not None and h.get("ci_high") is not None:
         return text + f" [{h['ci_low']:+.1f}, {h['ci_high']:+.1f}]"
     # An entry that carries interval keys but no interval: over LoCoMo's one val conversation there is
-    # nothing to resample (rl/stats.py), which is not the same as a certain number.
+    # nothing to resample (rl/task/eval/stats.py), which is not the same as a certain number.
     return text + (" (no interval)" if "ci_low" in h and h["value"] is not None else "")
 
 

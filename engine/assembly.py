@@ -82,8 +82,8 @@ def make_stage(ctx: RunContext, name: str, latest: dict, val: bool = False, prob
     per val item, on its val items; `probe`: the same, on the train items `loop.probe_items` holds out
     of training). `latest`: role -> the checkpoint the run's newest stage of that role handed on."""
     from memr1.rl.algos.rejection import RejectionStage
-    from memr1.rl.hints import Hints
-    from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
+    from memr1.rl.task.hints import Hints
+    from memr1.rl.task.stages.calls import AnswerStage, ManagerStage, StageConfig
 
     run, cfg, n = ctx.run, ctx.cfg, stage_name(name)
     items = ctx.val_items if val else ctx.items
@@ -117,7 +117,7 @@ def make_stage(ctx: RunContext, name: str, latest: dict, val: bool = False, prob
 
 def warm_stage(ctx: RunContext, name: str, items, bank_manager: Path):
     """A warm start (or format start), or a control on its RL stage's own items: scripted replies."""
-    from memr1.rl.warm import WarmStage
+    from memr1.rl.task.stages.warm import WarmStage
 
     run, n = ctx.run, stage_name(name)
     scfg = run.stage(name)
@@ -129,9 +129,9 @@ def warm_stage(ctx: RunContext, name: str, items, bank_manager: Path):
 
 
 def episode_stage(ctx: RunContext, latest: dict, judge, val: bool):
-    """The manager_episode stage (rl/episode_stage.py); for validation: every val window once, one
+    """The manager_episode stage (rl/task/stages/episode.py); for validation: every val window once, one
     greedy episode each, no re-rolls."""
-    from memr1.rl.episode_stage import EpisodeStage
+    from memr1.rl.task.stages.episode import EpisodeStage
 
     run, cfg = ctx.run, ctx.cfg
     scfg, episode = run.stage("manager_episode"), cfg.episode
@@ -158,8 +158,8 @@ def check_data(cfg: RunConfig) -> None:
     """Stop a run whose data has nothing to train on, or nothing to validate on when a stage validates,
     before any engine starts."""
     from memr1.engine.validation import validates
-    from memr1.rl.data import detect_format, load_conversations
-    from memr1.rl.data.locomo import DataError
+    from memr1.rl.task.data import detect_format, load_conversations
+    from memr1.rl.task.data.locomo import DataError
 
     validating = [name for name in cfg.stages if validates(cfg, name)]
     if validating and not load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="val"):

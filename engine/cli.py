@@ -7,8 +7,8 @@ import sys
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
 HANDLERS = {
     ("model", "prepare"): "memr1.engine.generation.model:prepare_cli",
-    ("data", "synth"): "memr1.rl.data.synthetic:synth_cli",
-    ("data", "stats"): "memr1.rl.data.locomo:stats_cli",
+    ("data", "synth"): "memr1.rl.task.data.synthetic:synth_cli",
+    ("data", "stats"): "memr1.rl.task.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
     ("train", None): "memr1.engine.train:train_cli",
     ("rollout", None): "memr1.engine.rollout:rollout_cli",
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # User errors: bad config, data or checkpoint. Any command prints them as one line and exits 2; any
 # other exception is a bug and keeps its traceback.
-USER_ERRORS = {"memr1.engine.config.errors": "ConfigError", "memr1.rl.data.locomo": "DataError",
+USER_ERRORS = {"memr1.engine.config.errors": "ConfigError", "memr1.rl.task.data.locomo": "DataError",
                "memr1.engine.checkpoints.files": "CheckpointError", "memr1.engine.rollout_files": "RolloutDirError"}
 
 

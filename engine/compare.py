@@ -1,6 +1,6 @@
 """The end of `memr1 train`: evaluate the base, warm-started, trained and control policies on the
 held-out split, and compare them pairwise over the same questions with seeded bootstrap intervals
-clustered by conversation (rl/stats.py).
+clustered by conversation (rl/task/eval/stats.py).
 
 For each policy in `eval_after` (base = the untrained model in both roles, warm = each role's warm
 start, trained = each role's final checkpoint, control = each role's supervised control, the warm
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from memr1.engine.config.stages import stage_name
 from memr1.engine.eval_split import run_eval
-from memr1.rl.eval_report import OP_ACCURACY_VARIANTS
-from memr1.rl.stats import ci_text, compare_reports
+from memr1.rl.task.eval.report import OP_ACCURACY_VARIANTS
+from memr1.rl.task.eval.stats import ci_text, compare_reports
 
 ROWS = ("base", "warm", "trained", "control", "rs")
 # (a, b) pairs compared as b - a, over the full pipeline and over the oracle's banks

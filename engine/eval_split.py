@@ -1,5 +1,5 @@
 """One split evaluated with given checkpoints: build the generator, embedder and data from the run
-config, run `memr1.rl.eval`, write `<run_dir>/eval/<split>[.<label>].json` and print the paper's
+config, run `memr1.rl.task.eval.evaluation`, write `<run_dir>/eval/<split>[.<label>].json` and print the paper's
 table. `memr1 eval` runs it once; the end of `memr1 train` (compare.py) once per policy.
 
 Extractions and banks are cached under `cache_dir`, else `$MEMR1_CACHE/eval`, else
@@ -28,8 +28,8 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
     `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.swap import WeightSwap
-    from memr1.rl.data import load_conversations
-    from memr1.rl.eval import evaluate, table, write_report
+    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.eval.evaluation import evaluate, table, write_report
 
     cfg, run_dir, base = run.cfg, run.run_dir, run.base_model
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
@@ -83,7 +83,7 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
     if inp.get("empty_speaker_skipped"):
         print(f"warning: {inp['empty_speaker_skipped']} of {inp['turns']} turns have no speaker and were left out")
     if inp.get("long_turns_split"):
-        from memr1.rl.rag import MAX_TEXT_BYTES
+        from memr1.rl.task.rag import MAX_TEXT_BYTES
         print(f"warning: {inp['long_turns_split']} of {inp['turns']} turns are longer than a memory "
               f"({MAX_TEXT_BYTES} bytes) and were split into several")
     print(f"wall {report['wall_s']:.1f} s")

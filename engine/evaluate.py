@@ -31,7 +31,7 @@ def eval_cli(args) -> int:
 
 def print_comparison(before: Path, after: Path, resamples: int, seed: int) -> dict:
     """Paired differences (after - before) of two reports of one split, printed and returned."""
-    from memr1.rl.stats import compare_reports, format_comparison
+    from memr1.rl.task.eval.stats import compare_reports, format_comparison
     a, b = (json.loads(Path(p).read_text()) for p in (before, after))
     rows = compare_reports(a, b, resamples, seed)
     print(format_comparison(rows, f"paired difference, {after.name} - {before.name} (points, seeded bootstrap)"))

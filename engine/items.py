@@ -1,8 +1,8 @@
-"""The items each stage of a run trains on (rl/items.py), with the banks and facts they need.
+"""The items each stage of a run trains on (rl/task/train_items.py), with the banks and facts they need.
 
-Facts come from `rl.facts.facts_for` (the synthetic oracle's, or extraction by the base model, cached
+Facts come from `rl.task.facts.facts_for` (the synthetic oracle's, or extraction by the base model, cached
 with the eval's extraction cache key: config/caches.py). Banks are the synthetic oracle's, or built by a
-manager checkpoint through `rl.banks.run_manager`, cached in the run:
+manager checkpoint through `rl.task.banks.run_manager`, cached in the run:
     <run>/manager/items/<bank key>/     stage-1 items' banks (the base manager over each call's history)
     <run>/answer/banks/<bank key>/      the answer stage's banks (the run's latest manager)
 Under data parallelism each rank builds the banks its own items need, in its own `rank<r>` folder
@@ -17,13 +17,13 @@ from tqdm import tqdm
 from memr1.engine.config.caches import cache_dirs, cache_keys, model_identity
 from memr1.engine.config.stages import stage_name
 from memr1.memory_store import MemoryBank
-from memr1.rl.banks import run_manager, safe_name
-from memr1.rl.data import load_conversations
-from memr1.rl.facts import facts_for, oracle_facts
-from memr1.rl.items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
+from memr1.rl.task.banks import run_manager, safe_name
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.facts import facts_for, oracle_facts
+from memr1.rl.task.train_items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
                             mixed_answer_items, oracle_bank, oracle_banks, step_items)
-from memr1.rl.rag import fact_bank
-from memr1.rl.turns import manager_turns
+from memr1.rl.task.rag import fact_bank
+from memr1.rl.task.turns import manager_turns
 
 FORMAT_POOL_CONVERSATIONS = 10   # of the format pool's synthetic set: its 8 train conversations hold
                                  # hundreds of calls and questions, far more than a format start's cap
@@ -64,8 +64,8 @@ class RunItems:
         return self._facts
 
     def episodes(self, sessions: int) -> list:
-        """Episode items (rl/episodes.py) over the first `sessions` sessions of each conversation."""
-        from memr1.rl.episodes import episode_items
+        """Episode items (rl/task/episodes.py) over the first `sessions` sessions of each conversation."""
+        from memr1.rl.task.episodes import episode_items
 
         if ("episodes", sessions) not in self._memo:
             self._memo["episodes", sessions] = episode_items(self.convs, self.facts(), self.cfg.manager.turns_per_call,

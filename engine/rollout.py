@@ -29,7 +29,7 @@ from memr1.engine.config.resolve import resolve
 from memr1.engine.config.run import load_config
 from memr1.engine.config.stages import STAGES, stage_config, stage_name
 from memr1.engine.rollout_files import RolloutDirError, done, open_dir, write_shard
-from memr1.rl.data.locomo import DataError
+from memr1.rl.task.data.locomo import DataError
 
 # the stages that sample their replies (RL and episodes), from the one list of stages
 RL_STAGES = tuple(s for s in STAGES if not stage_name(s).supervised)

@@ -102,7 +102,7 @@ def done(out: Path, step: int, rank: int, ledger: dict[str, int] | None = None) 
 
 
 def step_phases(metrics: dict, step_s: float) -> dict[str, float]:
-    """A step's seconds per phase from its metrics (rl/stages.py: gen_s includes prompt_s; score_s
+    """A step's seconds per phase from its metrics (rl/task/stages/calls.py: gen_s includes prompt_s; score_s
     includes fork_s and frozen_s)."""
     prompt, gen = metrics.get("prompt_s", 0.0), metrics.get("gen_s", 0.0)
     fork, frozen = metrics.get("fork_s", 0.0), metrics.get("frozen_s", 0.0)

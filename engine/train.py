@@ -39,7 +39,7 @@ from memr1.engine.observe import quiet
 from memr1.engine.stage_driver import train_stage
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.validation import validates
-from memr1.rl.data.locomo import DataError
+from memr1.rl.task.data.locomo import DataError
 
 
 def train(cfg: RunConfig) -> dict:

@@ -4,7 +4,7 @@ An RL stage with `loop.validate_every` (and in `loop.validate_stages`, unless th
 val split greedily every N steps; each new best is checkpointed and named in `<stage>/best.json`, and
 the stage hands that checkpoint on. With `loop.validate_start` each phase's starting weights are
 scored before it trains (and checkpointed under the phase's first step number), so they are a
-candidate too. The session curriculum of an episode stage (rl/episodes.py, `episode.curriculum`): the
+candidate too. The session curriculum of an episode stage (rl/task/episodes.py, `episode.curriculum`): the
 stage's steps run phase by phase, and each phase after the first starts from the previous phase's
 best-validation checkpoint (when the stage validates) once that checkpoint passes the promotion gate
 on the evidence-miss rate. Other stages are one phase of all their steps.

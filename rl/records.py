@@ -45,7 +45,7 @@ class Group:
     responses: list[list[int]]            # G response token-id lists (what the policy generated)
     behav_logprobs: list[list[float]] | None  # per response token: its log-prob under the sampling
                                               # distribution (None: not sampled, e.g. a warm-start target;
-                                              # NaN: a hint's token, rl/hints.py)
+                                              # NaN: a hint's token, rl/task/hints.py)
     rewards: list[float]                  # G scalar rewards, the sum of each response's breakdown
     breakdown: dict[str, list[float]] = field(default_factory=dict)  # reward part -> G values (for logs)
     truncated: list[bool] = field(default_factory=list)  # response i hit the token budget

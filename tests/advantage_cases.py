@@ -6,19 +6,19 @@ import json
 import zlib
 
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.algos.rejection import rejection_batch
-from memr1.rl.data import load_conversations
-from memr1.rl.episode_stage import EpisodeStage
-from memr1.rl.episodes import EpisodeConfig, episode_items
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.stages.episode import EpisodeStage
+from memr1.rl.task.episodes import EpisodeConfig, episode_items
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
-from memr1.rl.turns import Task
-from memr1.rl.warm import WarmStage
+from memr1.rl.task.train_items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import AnswerStage, ManagerStage, StageConfig
+from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.warm import WarmStage
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64),

@@ -4,20 +4,20 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, longest_reply_to_fit,
+from memr1.rl.task.agents.answer import (MAX_REPLY_CHARS, AnswerConfig, build_answer_messages, reply_bound, longest_reply_to_fit,
                                     parse_answer)
-from memr1.rl.agents.extract import EXAMPLES, build_extract_messages, grounded, parse_facts
-from memr1.rl.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts, reply_item,
+from memr1.rl.task.agents.extract import EXAMPLES, build_extract_messages, grounded, parse_facts
+from memr1.rl.task.agents.manager import (ManagerConfig, ManagerOp, build_manager_prompt, memories_for_facts, reply_item,
                                      parse_manager_output, to_store_ops)
-from memr1.rl.data.synthetic import synthesize
-from memr1.rl.rewards import RewardConfig, manager_reward
-from memr1.rl.turns import AnswerRequest, answer_prompts
+from memr1.rl.task.data.synthetic import synthesize
+from memr1.rl.task.rewards import RewardConfig, manager_reward
+from memr1.rl.task.turns import AnswerRequest, answer_prompts
 
 DIM = 64
 
 
 def store(ops, bank_ids, emb, speaker, timestamp=""):
-    """to_store_ops with the ADD / UPDATE texts embedded in one call, as rl.turns.decide does."""
+    """to_store_ops with the ADD / UPDATE texts embedded in one call, as rl.task.turns.decide does."""
     texts = [op.text for op in ops if op.event in ("ADD", "UPDATE")]
     return to_store_ops(ops, bank_ids, emb.embed(texts) if texts else [], speaker, timestamp)
 
@@ -271,7 +271,7 @@ def test_a_well_formed_reply_fits_its_token_bound():
 def test_resolve_text_takes_the_memory_whose_text_the_op_copies():
     """manager.resolve = "text": the shown memory old_memory copies wins over the id; the id breaks ties
     and stands in when the text matches none; "id" (the default) keeps the id."""
-    from memr1.rl.agents.manager import ManagerConfig
+    from memr1.rl.task.agents.manager import ManagerConfig
     shown = ["Caroline has two dogs", "Mel lives in Paris", "Mel lives in Paris", "Caroline plays piano"]
     item = lambda i, old, e="UPDATE": {"id": i, "text": "new" if e == "UPDATE" else "", "event": e, "old_memory": old}
     reply = json.dumps({"memory": [item("0", " mel lives in PARIS"),            # conflict: the text names 1 (or 2)

@@ -11,9 +11,9 @@ import pytest
 
 from memr1.bench.e2e import TRAINERS, leg_order
 from memr1.bench.e2e_trl import Counts, micro_size
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.turns import Task
 
 
 def test_legs_mirror_and_micro_batches_fit_the_budget():

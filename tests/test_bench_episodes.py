@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 
 import memr1.bench.episodes
-import memr1.rl.episode_stage
+import memr1.rl.task.stages.episode
 from memr1.bench.episode_workload import IMPLS, SPEAKERS, MatrixBank, Shape, Side, make_script, prepare, replay
 from memr1.bench.episode_generation import BANK_CALLS, timed_rollout
 from memr1.bench.episodes import compare, main
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.data import load_conversations
-from memr1.rl.episode_stage import EpisodeStage
-from memr1.rl.episodes import EpisodeConfig, episode_items
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.stages.episode import EpisodeStage
+from memr1.rl.task.episodes import EpisodeConfig, episode_items
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import StageConfig
+from memr1.rl.task.turns import Task
 from scripted import ScriptedGenerator
 
 KEYS = {"impl", "sessions", "group", "inner_n", "episodes_per_s", "peak_rss_mb", "rss_growth_mb", "snapshot_s",
@@ -189,7 +189,7 @@ def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(t
     class Moved:
         def __init__(self, items_for, frozen_answer, embedder, cfg, *, seed=0):   # lost rollout, task, ...
             pass
-    monkeypatch.setattr(memr1.rl.episode_stage, "EpisodeStage", Moved)
+    monkeypatch.setattr(memr1.rl.task.stages.episode, "EpisodeStage", Moved)
 
     def grid(shape):
         raise AssertionError("the grid started before the API was checked")
@@ -197,7 +197,7 @@ def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(t
     out = tmp_path / "episodes.json"
     assert main(["--sessions", "2", "--group", "2", "--generation", "--json", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --generation needs memr1.rl.episode_stage.EpisodeStage(")
+    assert len(err) == 1 and err[0].startswith("error: --generation needs memr1.rl.task.stages.episode.EpisodeStage(")
     assert "TypeError" in err[0] and not out.exists()
 
 

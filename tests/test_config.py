@@ -185,7 +185,7 @@ def test_data_seed_draws_another_whole_synthetic_set_for_the_run_s_items():
     from types import SimpleNamespace
 
     from memr1.engine.items import RunItems
-    from memr1.rl.banks import safe_name
+    from memr1.rl.task.banks import safe_name
 
     assert load_config(None).data.seed == 0
     ids = {}

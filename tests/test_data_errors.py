@@ -9,11 +9,11 @@ import pytest
 from data_rows import lme_item, msc_row
 from memr1.engine.cli import main as cli_main
 from memr1.memory_store import HashEmbedder
-from memr1.rl.data import detect_format, load_conversations
-from memr1.rl.data.locomo import DataError, load_locomo
-from memr1.rl.data.synthetic import synthesize
-from memr1.rl.eval import EvalConfig, evaluate
-from memr1.rl.rag import rag_bank, split_text
+from memr1.rl.task.data import detect_format, load_conversations
+from memr1.rl.task.data.locomo import DataError, load_locomo
+from memr1.rl.task.data.synthetic import synthesize
+from memr1.rl.task.eval.evaluation import EvalConfig, evaluate
+from memr1.rl.task.rag import rag_bank, split_text
 
 
 class Out(msgspec.Struct):
@@ -165,7 +165,7 @@ def test_longmemeval_question_id_true_is_an_error(tmp_path):
 
 
 def test_any_command_prints_a_user_error_as_one_line(monkeypatch, capsys):
-    import memr1.rl.data.locomo as locomo
+    import memr1.rl.task.data.locomo as locomo
 
     def fails(args):
         raise DataError("x.json item 3: missing key 'qa'")

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from data_rows import lme_item, msc_row
-from memr1.rl.data.locomo import DataError, stats
-from memr1.rl.data.longmemeval import load_longmemeval
-from memr1.rl.data.msc import load_msc
+from memr1.rl.task.data.locomo import DataError, stats
+from memr1.rl.task.data.longmemeval import load_longmemeval
+from memr1.rl.task.data.msc import load_msc
 
 
 def test_longmemeval(tmp_path):
@@ -77,8 +77,8 @@ def test_msc_bad_rows(tmp_path):
 
 
 def test_load_conversations_detects_the_format(tmp_path):
-    from memr1.rl.data import detect_format, load_conversations
-    from memr1.rl.data.synthetic import synthesize
+    from memr1.rl.task.data import detect_format, load_conversations
+    from memr1.rl.task.data.synthetic import synthesize
     files = {"locomo": ("a.json", json.dumps(synthesize(3, seed=1))),
              "longmemeval": ("b.json", json.dumps([lme_item()])),
              "msc": ("c.jsonl", json.dumps(msc_row()) + "\n")}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from memr1.engine.cli import main as cli_main
-from memr1.rl.data.locomo import (CATEGORY_NAMES, DataError, by_split, load_locomo, parse_locomo, split_of,
+from memr1.rl.task.data.locomo import (CATEGORY_NAMES, DataError, by_split, load_locomo, parse_locomo, split_of,
                                   stats)
 
 SHARED = Path("/work/shared/data/locomo_train_val.json")

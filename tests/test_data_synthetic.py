@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from memr1.engine.cli import main as cli_main
-from memr1.rl.data.locomo import load_locomo
-from memr1.rl.data.oracle import apply_oracle
-from memr1.rl.data.synthetic import call_ops, load_synthetic, split_for, synth_cli, synthesize
+from memr1.rl.task.data.locomo import load_locomo
+from memr1.rl.task.data.oracle import apply_oracle
+from memr1.rl.task.data.synthetic import call_ops, load_synthetic, split_for, synth_cli, synthesize
 
 N = 40
 

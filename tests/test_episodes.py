@@ -1,4 +1,4 @@
-"""Session-level rollouts (rl/episodes.py, rl/episode_stage.py): the items, the rewards, the per-level
+"""Session-level rollouts (rl/task/episodes.py, rl/task/stages/episode.py): the items, the rewards, the per-level
 advantages against a reference written the slow way, and re-rolls that start from their snapshot."""
 import json
 import random
@@ -8,20 +8,20 @@ import msgspec
 import pytest
 
 from memr1.memory_store import Add, HashEmbedder, MemoryBank
-from memr1.rl.data import load_conversations
-from memr1.rl.episode_stage import EpisodeStage
-from memr1.rl.episodes import (EpisodeConfig, Phase, compression_penalty, episode_items, global_sample, local_sample,
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.stages.episode import EpisodeStage
+from memr1.rl.task.episodes import (EpisodeConfig, Phase, compression_penalty, episode_items, global_sample, local_sample,
                                session_reward)
-from memr1.rl.facts import oracle_facts
-from memr1.rl.items import deciding_turn
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.facts import oracle_facts
+from memr1.rl.task.train_items import deciding_turn
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import StageConfig
+from memr1.rl.task.turns import Task
 from memr1.rl.algos.advantages import advantages
 from memr1.rl.algos.config import GRPOConfig
 from memr1.rl.records import Credit, Group, TrainBatch
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.generation import SamplingConfig
 from scripted import ScriptedGenerator
 

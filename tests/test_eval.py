@@ -1,4 +1,4 @@
-"""rl.eval on a scripted fake generator and the hash embedder: batching, aggregation, JSON schema,
+"""rl.task.eval.evaluation on a scripted fake generator and the hash embedder: batching, aggregation, JSON schema,
 resume from the bank cache, each baseline's control flow, and oracle scoring."""
 import json
 import re
@@ -7,14 +7,14 @@ import msgspec
 import pytest
 
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import safe_name
-from memr1.rl.data import load_conversations
-from memr1.rl.eval import EvalConfig, evaluate, table, write_report
-from memr1.rl.eval_report import match_facts
-from memr1.rl.judge import Judge, JudgeConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.banks import safe_name
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.eval.evaluation import EvalConfig, evaluate, table, write_report
+from memr1.rl.task.eval.report import match_facts
+from memr1.rl.task.eval.judging import Judge, JudgeConfig
+from memr1.rl.task.turns import Task
 
 CONVS = load_conversations(None, n=3, seed=0)   # three synthetic conversations with oracles
 

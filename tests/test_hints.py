@@ -1,4 +1,4 @@
-"""rl/hints.py: a hinted completion is the oracle's reply up to its first UPDATE or DELETE, then the
+"""rl/task/hints.py: a hinted completion is the oracle's reply up to its first UPDATE or DELETE, then the
 policy's own tokens; the stage trains the prefix with importance weight 1 and logs what hints earn."""
 import json
 import math
@@ -9,19 +9,19 @@ import torch
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.run import load_config
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig, reply_item
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig, reply_item
 from memr1.rl.algos.config import LossConfig
-from memr1.rl.data import load_conversations
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import Completion, SamplingConfig, chat_prompt_ids
-from memr1.rl.hints import Hints, hint_prefix
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.hints import Hints, hint_prefix
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
 from memr1.rl.algos.losses import Denom, policy_loss
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerRLConfig, ManagerStage
-from memr1.rl.turns import Task, manager_turns
-from memr1.rl.warm import manager_target
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerRLConfig, ManagerStage
+from memr1.rl.task.turns import Task, manager_turns
+from memr1.rl.task.stages.warm import manager_target
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64, list_unchanged=False),

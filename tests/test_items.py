@@ -1,4 +1,4 @@
-"""rl.items: each question sits in the call that decides it, guards sit on shown memories of the
+"""rl.task.train_items: each question sits in the call that decides it, guards sit on shown memories of the
 history, calls are cut as evaluation cuts them, the bank before a call holds exactly its history,
 rank shares partition each step. (That training never draws
 the val split is checked on a whole run in test_train.)"""
@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import stream_groups
-from memr1.rl.facts import oracle_facts
-from memr1.rl.data import load_conversations
-from memr1.rl.items import (CallSpec, CallStats, ItemsConfig, ManagerItem, dead_items, history_conversation,
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.banks import stream_groups
+from memr1.rl.task.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.train_items import (CallSpec, CallStats, ItemsConfig, ManagerItem, dead_items, history_conversation,
                             in_history, live_questions, manager_calls, manager_items, mixed_answer_items, oracle_bank,
                             oracle_banks, step_items)
-from memr1.rl.turns import manager_turns
+from memr1.rl.task.turns import manager_turns
 
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_train_val.json"
 
@@ -145,8 +145,8 @@ def test_rank_shares_partition_each_step():
 def test_mixed_answer_items_put_each_question_once_on_alternate_banks():
     """items.answer_banks = "mix": every question of answer_items, in its order, once; half on each
     source's bank, and each conversation's questions on both."""
-    from memr1.rl.items import answer_items
-    from memr1.rl.rag import fact_bank
+    from memr1.rl.task.train_items import answer_items
+    from memr1.rl.task.rag import fact_bank
 
     convs = load_conversations(None, 6, 0, split="train")
     emb = HashEmbedder(dim=32)

@@ -3,7 +3,8 @@ functions included, since a function-level import is still a dependency; only `i
 blocks are left out, as they never run.
 
     memory_store/, kernels/   import nothing of ours outside themselves
-    rl/                       memory_store/, kernels/ and itself; never engine/ or bench/
+    rl/                       memory_store/, kernels/ and itself; never engine/ or bench/; the
+                              task (rl/task/) builds on the rest of rl/, which never imports it
     engine/                   its folders in the order engine/__init__.py declares (bottom up), each
                               importing only the folders below it, never engine's top files
     bench/                    imported by nothing of the package
@@ -109,6 +110,8 @@ def violations(edges: dict[str, set[str]], folders: list[str]) -> list[str]:
                 bad.append(f"{src} -> {dst}: {a}/ imports nothing of ours")
             elif a == "rl" and b in ("engine", "bench"):
                 bad.append(f"{src} -> {dst}: rl/ never imports {b}/")
+            elif a == b == "rl" and dst.startswith("memr1.rl.task") and not src.startswith("memr1.rl.task"):
+                bad.append(f"{src} -> {dst}: rl/'s algorithms, records and contracts never import the task (rl/task/)")
             elif b == "bench" and a != "bench":
                 bad.append(f"{src} -> {dst}: bench/ is imported by nothing")
             elif a == b == "engine" and engine_place(src, folders) < len(folders) and dst not in CONFIG_MODULES:
@@ -119,7 +122,7 @@ def violations(edges: dict[str, set[str]], folders: list[str]) -> list[str]:
 
 def command_modules() -> set[str]:
     """engine's top files that engine/cli.py's HANDLERS name ("module:function" strings, read from its
-    AST); a handler inside a library module (generation/model.py, rl/data/) is that module's own CLI."""
+    AST); a handler inside a library module (generation/model.py, rl/task/data/) is that module's own CLI."""
     tree = ast.parse((ROOT / "engine" / "cli.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "HANDLERS" for t in node.targets):
@@ -193,14 +196,16 @@ def test_no_import_cycle():
 def test_the_checks_see_what_they_forbid():
     """The rules themselves, on a made-up graph: each kind of violation, a cycle, a function-level import."""
     folders = ["observe", "generation", "training"]
-    edges = {"memr1.kernels.gae": {"memr1.rl.records"}, "memr1.rl.turns": {"memr1.engine.loop"},
+    edges = {"memr1.kernels.gae": {"memr1.rl.records"}, "memr1.rl.task.turns": {"memr1.engine.loop"},
              "memr1.engine.loop": {"memr1.bench.common", "memr1.engine.training.dist"},
              "memr1.engine.training.dist": {"memr1.engine.loop", "memr1.engine.observe.runlog"},
-             "memr1.engine.observe.runlog": {"memr1.engine.generation.config", "memr1.engine.generation.weights"}}
+             "memr1.engine.observe.runlog": {"memr1.engine.generation.config", "memr1.engine.generation.weights"},
+             "memr1.rl.algos.losses": {"memr1.rl.records", "memr1.rl.task.hints"}}
     bad = {b.split(":")[0] for b in violations(edges, folders)}
-    assert bad == {"memr1.kernels.gae -> memr1.rl.records", "memr1.rl.turns -> memr1.engine.loop",
+    assert bad == {"memr1.kernels.gae -> memr1.rl.records", "memr1.rl.task.turns -> memr1.engine.loop",
                    "memr1.engine.loop -> memr1.bench.common", "memr1.engine.training.dist -> memr1.engine.loop",
-                   "memr1.engine.observe.runlog -> memr1.engine.generation.weights"}
+                   "memr1.engine.observe.runlog -> memr1.engine.generation.weights",
+                   "memr1.rl.algos.losses -> memr1.rl.task.hints"}
     commands = {"memr1.engine.train", "memr1.engine.rollout"}
     got = command_imports({"memr1.engine.rollout": {"memr1.engine.train", "memr1.engine.assembly"},
                            "memr1.engine.assembly": {"memr1.engine.loop"}}, commands)

@@ -273,7 +273,7 @@ def test_state_dict_round_trips_into_a_fresh_learner(tiny, algo):
 
 
 def test_a_hints_tokens_train_as_if_the_learner_had_sampled_them(tiny):
-    """NaN behaviour log-probs (rl/hints.py's prefix tokens): no importance correction under the default
+    """NaN behaviour log-probs (rl/task/hints.py's prefix tokens): no importance correction under the default
     anchor, the learner's own log-prob under anchor = "behaviour"; both steps equal a step without
     behaviour log-probs."""
     def batch(nan: bool):

@@ -1,4 +1,4 @@
-"""rl.op_probe: each one-mistake reply changes the bank the way its name says, against the oracle's
+"""rl.task.eval.op_probe: each one-mistake reply changes the bank the way its name says, against the oracle's
 reply on the same fork; the probe scores them through ManagerStage.score; bench.op_probe's headline is
 each variant's share of items whose reward differs."""
 import json
@@ -7,15 +7,15 @@ from collections import Counter
 from memr1.bench.op_probe import headline
 
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.facts import oracle_facts
-from memr1.rl.data import load_conversations
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_banks
-from memr1.rl.op_probe import VARIANTS, op_visibility, wrong_replies
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerStage, StageConfig
-from memr1.rl.turns import Task, apply_outcomes, decide, manager_turns
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_banks
+from memr1.rl.task.eval.op_probe import VARIANTS, op_visibility, wrong_replies
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerStage, StageConfig
+from memr1.rl.task.turns import Task, apply_outcomes, decide, manager_turns
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, list_unchanged=False)
 
@@ -117,9 +117,9 @@ def test_headline_is_each_variants_share_and_none_without_items():
 def test_decision_positions_point_at_each_ops_event_and_the_id_after_its_copy(tiny_model):
     from transformers import AutoTokenizer
 
-    from memr1.rl.agents.manager import reply_item
+    from memr1.rl.task.agents.manager import reply_item
     from memr1.rl.generation import reply_ids
-    from memr1.rl.op_probe import decision_positions
+    from memr1.rl.task.eval.op_probe import decision_positions
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     reply = json.dumps({"memory": [reply_item("UPDATE", 3, "Ann has 2 dogs", 'Ann has 1 "dog"'),
@@ -138,7 +138,7 @@ def test_decision_positions_point_at_each_ops_event_and_the_id_after_its_copy(ti
 def test_decision_probs_count_every_decision_of_every_reply(tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memr1.rl.op_probe import decision_probs
+    from memr1.rl.task.eval.op_probe import decision_probs
 
     tokenizer, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
     embedder, convs, items = setup_items(6)

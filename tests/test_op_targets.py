@@ -4,15 +4,15 @@ import json
 from memr1.bench.op_targets import classify, counts, table
 from memr1.engine.rollout_files import tables
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.data import load_conversations
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerStage, StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerStage, StageConfig
+from memr1.rl.task.turns import Task
 from scripted import ScriptedGenerator
 
 SHOWN = ["Caroline has two dogs", "Mel lives in Paris", "Caroline plays piano"]

@@ -56,7 +56,7 @@ def test_the_outcome_recipe_reads_no_oracle_bank_or_guard_of_its_data():
 
 def test_the_outcome_recipe_plans_on_a_locomo_file_with_no_oracle_fields(tmp_path, capsys):
     from memr1.engine.cli import main
-    from memr1.rl.data.synthetic import synthesize
+    from memr1.rl.task.data.synthetic import synthesize
     data = synthesize(10, seed=7)
     for conv in data:
         for key in [k for k in conv if k not in ("sample_id", "conversation", "qa")]:

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from memr1.memory_store import HashEmbedder, MemoryBank
-from memr1.rl.agents.answer import parse_answer
-from memr1.rl.agents.extract import parse_facts
-from memr1.rl.agents.manager import EVENTS, ManagerConfig, ManagerOp, parse_manager_output, to_store_ops
-from memr1.rl.judge import parse_judge
+from memr1.rl.task.agents.answer import parse_answer
+from memr1.rl.task.agents.extract import parse_facts
+from memr1.rl.task.agents.manager import EVENTS, ManagerConfig, ManagerOp, parse_manager_output, to_store_ops
+from memr1.rl.task.eval.judging import parse_judge
 
 N_CASES = 10_000
 N_SHOWN = 4
@@ -221,8 +221,8 @@ _OLD_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.+?)\s*$")
 
 
 def test_fence_and_bullet_scanners_agree_with_the_regexes_they_replace():
-    from memr1.rl.agents.extract import _BULLET
-    from memr1.rl.agents.jsonish import MAX_FENCES, _fenced
+    from memr1.rl.task.agents.extract import _BULLET
+    from memr1.rl.task.agents.jsonish import MAX_FENCES, _fenced
     rng = random.Random(35)
     alphabet = ["`", "``", "```", "```", "json", "\n", " ", "\t", "{", "}", "x", "-", "*", "1", ".", ")", "\u2022"]
     for _ in range(20_000):

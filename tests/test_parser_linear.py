@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 
-from memr1.rl.agents import jsonish
-from memr1.rl.agents.extract import ExtractConfig, _clean, parse_facts
-from memr1.rl.agents.jsonish import extract_json
-from memr1.rl.agents.manager import parse_manager_output
+from memr1.rl.task.agents import jsonish
+from memr1.rl.task.agents.extract import ExtractConfig, _clean, parse_facts
+from memr1.rl.task.agents.jsonish import extract_json
+from memr1.rl.task.agents.manager import parse_manager_output
 
 # ---- the extract_json these parsers had before (per-span ast.literal_eval, a restarted scan per start)
 _OLD_TRAILING_COMMA = re.compile(r",\s*([}\]])")
@@ -128,7 +128,7 @@ def test_extract_json_returns_what_it_did_on_representative_replies_and_their_pr
 
 def _old_parse_facts(output):
     """parse_facts with the old extract_json and the old list de-duplication."""
-    from memr1.rl.agents.extract import _BULLET, ExtractResult
+    from memr1.rl.task.agents.extract import _BULLET, ExtractResult
     cfg = ExtractConfig()
 
     def clean(items):

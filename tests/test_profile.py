@@ -18,16 +18,16 @@ from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.learner import Learner
 from memr1.memory_store import HashEmbedder
 from memr1.rl import spans
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.facts import oracle_facts
-from memr1.rl.data import load_conversations
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
 from memr1.rl.records import Rollout
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerStage, StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerStage, StageConfig
+from memr1.rl.task.turns import Task
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=8)
 

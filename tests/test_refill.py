@@ -1,17 +1,17 @@
-"""Dynamic sampling (rollout.refill, rl/stages.py): equal-reward groups are dropped and refilled with
+"""Dynamic sampling (rollout.refill, rl/task/stages/calls.py): equal-reward groups are dropped and refilled with
 informative groups of extra items, within the cap, the same way on every rerun of a step."""
 import pytest
 
 from memr1.engine.config.run import load_config
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.data import load_conversations
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.data import load_conversations
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import answer_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import AnswerStage, StageConfig, informative, refill_items
-from memr1.rl.turns import Task
+from memr1.rl.task.train_items import answer_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import AnswerStage, StageConfig, informative, refill_items
+from memr1.rl.task.turns import Task
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(), answer=AnswerConfig(top_k_per_speaker=5, max_new_tokens=6))

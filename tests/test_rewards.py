@@ -6,10 +6,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from memr1.rl.generation import GREEDY
-from memr1.rl.judge import (JUDGE_SYSTEM, Judge, JudgeConfig, OpenAIChatGenerator, TextCompletion,
-                            build_judge_messages, judge_answers, parse_judge)
-from memr1.rl.rewards import bleu1, bleu1_tokens, exact_match, f1, normalize, score_answer, word_tokens
+from memr1.engine.generation.openai_chat import OpenAIChatGenerator
+from memr1.rl.generation import GREEDY, Completion
+from memr1.rl.task.eval.judging import (JUDGE_SYSTEM, Judge, JudgeConfig, build_judge_messages, judge_answers,
+                                        parse_judge)
+from memr1.rl.task.rewards import bleu1, bleu1_tokens, exact_match, f1, normalize, score_answer, word_tokens
 
 nltk_bleu = pytest.importorskip("nltk.translate.bleu_score", reason="nltk (test-only) not installed")
 nltk_tok = pytest.importorskip("nltk.tokenize", reason="nltk (test-only) not installed")
@@ -82,7 +83,7 @@ def test_bleu1_matches_nltk_end_to_end_on_strings():
 def test_rewards_do_not_import_nltk_at_runtime():
     import subprocess
     import sys
-    code = "import sys, memr1.rl.rewards as r; r.bleu1('a b', 'a'); print('nltk' in sys.modules)"
+    code = "import sys, memr1.rl.task.rewards as r; r.bleu1('a b', 'a'); print('nltk' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -99,7 +100,8 @@ class FakeJudge:
         replies = self.script.pop(0)
         if isinstance(replies, Exception):
             raise replies
-        return [[TextCompletion(text=t)] for t in replies]
+        return [[Completion(prompt_index=i, token_ids=[], logprobs=[], text=t, finish_reason="stop", weight_version=0,
+                            prompt_token_ids=[])] for i, t in enumerate(replies)]
 
 
 def test_judge_prompt_and_parser():
@@ -165,7 +167,7 @@ def test_openai_compatible_endpoint():
 
 
 def test_rewards_return_their_breakdown():
-    from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, manager_reward
+    from memr1.rl.task.rewards import RewardConfig, answer_reward, answer_score, manager_reward
     cfg = RewardConfig(kind="f1", answer_format_penalty=0.5, format_penalty=1.0, invalid_op_penalty=0.25,
                        memory_penalty=0.1)
     assert answer_score("two dogs", "2 dogs", "em") == 0.0 and answer_score("Dogs.", "dogs", "em") == 1.0

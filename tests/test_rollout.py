@@ -16,17 +16,17 @@ import pytest
 from memr1.engine.cli import main
 from memr1.engine.rollout_files import read_completions, tables, write_shard
 from memr1.memory_store import HashEmbedder
-from memr1.rl.data import load_conversations
-from memr1.rl.episode_stage import EpisodeStage
-from memr1.rl.episodes import EpisodeConfig, episode_items
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.stages.episode import EpisodeStage
+from memr1.rl.task.episodes import EpisodeConfig, episode_items
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerStage, StageConfig
-from memr1.rl.turns import Task, manager_turns
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerStage, StageConfig
+from memr1.rl.task.turns import Task, manager_turns
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
 from run_helpers import env, free_port, overrides
 from scripted import ScriptedGenerator
 

@@ -16,15 +16,15 @@ from memr1.engine.cli import main
 from memr1.engine.rollout_files import done, open_dir, recorded, shard_name, write_json, write_shard
 from memr1.engine.rollout_summary import summarize
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.data import load_conversations
-from memr1.rl.facts import oracle_facts
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.facts import oracle_facts
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import ManagerStage, StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import ManagerStage, StageConfig
+from memr1.rl.task.turns import Task
 from report_fixture import make_run
 from run_helpers import env
 from scripted import ScriptedGenerator

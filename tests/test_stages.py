@@ -16,21 +16,21 @@ from memr1.engine.loop import Loop
 from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.learner import Learner
 from memr1.memory_store import HashEmbedder
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import run_manager
-from memr1.rl.facts import oracle_facts
-from memr1.rl.data import load_conversations
-from memr1.rl.data.synthetic import call_ops
-from memr1.rl.eval import EvalConfig, evaluate
-from memr1.rl.eval_report import oracle_scores
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.banks import run_manager
+from memr1.rl.task.facts import oracle_facts
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.data.synthetic import call_ops
+from memr1.rl.task.eval.evaluation import EvalConfig, evaluate
+from memr1.rl.task.eval.report import oracle_scores
 from scripted import ScriptedGenerator
 from memr1.rl.generation import Completion, SamplingConfig
-from memr1.rl.items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.stages import AnswerStage, ManagerStage, StageConfig
-from memr1.rl.turns import Task, decide, manager_turns
-from memr1.rl.warm import manager_target
+from memr1.rl.task.train_items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.calls import AnswerStage, ManagerStage, StageConfig
+from memr1.rl.task.turns import Task, decide, manager_turns
+from memr1.rl.task.stages.warm import manager_target
 
 FAST = StageConfig(prompts_per_step=2, group_size=2)
 SAMPLING = SamplingConfig(max_new_tokens=12)

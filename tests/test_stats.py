@@ -1,10 +1,10 @@
-"""rl.stats: the bootstrap that resamples conversations is wider than the question-level one exactly
+"""rl.task.eval.stats: the bootstrap that resamples conversations is wider than the question-level one exactly
 when questions of one conversation move together, keeps the pooled mean, and is what report
 comparisons use."""
 import numpy as np
 import pytest
 
-from memr1.rl.stats import (ONE_CLUSTER, bootstrap_mean, compare_reports, format_comparison, paired_bootstrap,
+from memr1.rl.task.eval.stats import (ONE_CLUSTER, bootstrap_mean, compare_reports, format_comparison, paired_bootstrap,
                              paired_bootstrap_ratio)
 
 

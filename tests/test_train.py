@@ -11,7 +11,7 @@ from memr1.engine.config.plan import plan_text
 from memr1.engine.config.resolve import budget_warnings
 from memr1.engine.config.run import load_config
 from memr1.engine.train import train
-from memr1.rl.data.locomo import DataError
+from memr1.rl.task.data.locomo import DataError
 from run_helpers import overrides, rows
 
 
@@ -129,7 +129,7 @@ def test_warm_then_rl_hand_over_controls_and_the_final_evaluation(tiny_model, tm
 @pytest.mark.slow
 def test_validation_hands_on_the_best_checkpoint_and_never_trains_on_val(tiny_model, tmp_path, monkeypatch):
     from memr1.engine import stage_driver
-    from memr1.rl.data import load_conversations
+    from memr1.rl.task.data import load_conversations
     trained_on = []
 
     class Recording(stage_driver.Learner):
@@ -186,7 +186,7 @@ def test_shipped_configs_plan_and_their_budgets_cannot_cut_a_reply(name, monkeyp
     well-formed reply; the LoCoMo recipes are the paper's (128 prompts, EM, temperature 1.0)."""
     from transformers import AutoTokenizer
     from memr1.engine.generation import default_model_path
-    from memr1.rl.agents.answer import longest_reply_to_fit
+    from memr1.rl.task.agents.answer import longest_reply_to_fit
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = load_config(f"configs/{name}.toml")
     assert budget_warnings(cfg) == []

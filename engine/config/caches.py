@@ -14,7 +14,7 @@ import msgspec
 
 from memr1.engine.config.run import RunConfig
 from memr1.memory_store.records import VERSION as BANK_FORMAT
-from memr1.rl.agents.extract import PROMPT_ID
+from memr1.rl.task.agents.extract import PROMPT_ID
 
 
 def model_identity(path: Path) -> str:

@@ -3,11 +3,12 @@
 import os
 
 from memr1.engine.config.run import RunConfig
-from memr1.rl.judge import Judge, OpenAIChatGenerator
+from memr1.engine.generation.openai_chat import OpenAIChatGenerator
+from memr1.rl.task.eval.judging import Judge
 
 
 def make_judge(cfg: RunConfig, local):
-    """A `rl.judge.Judge` for `cfg.judge`, or None when judge.kind = "off". A local judge runs on
+    """A `rl.task.eval.judging.Judge` for `cfg.judge`, or None when judge.kind = "off". A local judge runs on
     `local` (a generator holding the base model: the run's swapping engine's view of it); an openai one
     on the configured OpenAI-compatible endpoint, its key read from the environment."""
     if cfg.judge.kind == "off":

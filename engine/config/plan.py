@@ -10,7 +10,7 @@ import torch
 from memr1.engine.config.resolve import budget_warnings, env_world, problems
 from memr1.engine.config.run import RunConfig
 from memr1.engine.config.stages import stage_config, stage_name
-from memr1.rl.agents.answer import reply_bound
+from memr1.rl.task.agents.answer import reply_bound
 
 GiB = 2**30
 

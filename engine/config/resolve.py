@@ -21,11 +21,11 @@ from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.run import RunConfig
 from memr1.engine.config.stages import stage_config, stage_name
 from memr1.engine.training.config import LearnerConfig
-from memr1.rl.agents.answer import reply_bound
+from memr1.rl.task.agents.answer import reply_bound
 from memr1.rl.algos.config import dr_grpo
 from memr1.rl.generation import SamplingConfig
-from memr1.rl.stages import StageConfig
-from memr1.rl.turns import Task
+from memr1.rl.task.stages.calls import StageConfig
+from memr1.rl.task.turns import Task
 
 
 @dataclass(frozen=True)

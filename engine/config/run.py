@@ -3,7 +3,7 @@
 
 Each component keeps its config next to its code, in a module that imports no torch (GeneratorConfig
 in engine/generation/config.py, LearnerConfig in engine/training/config.py, ManagerConfig in
-rl/agents, EvalConfig in rl/eval, ...), so reading a config costs no torch import; this file only
+rl/task/agents, EvalConfig in rl/task/eval/evaluation, ...), so reading a config costs no torch import; this file only
 composes them, with the run-level settings that belong to no component folder (data, banks, rollout
 sampling, the loop). Unknown keys are errors at every depth, with the dotted key and the file named, so
 a typo never silently falls back to a default.
@@ -24,14 +24,14 @@ from memr1.engine.config.stages import STAGES, StagesConfig, stage_name
 from memr1.engine.generation.config import GeneratorConfig
 from memr1.engine.observe.profiling import ProfileConfig
 from memr1.engine.training.config import LearnerConfig
-from memr1.rl.agents.answer import AnswerConfig
-from memr1.rl.agents.extract import ExtractConfig
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.eval import EvalConfig
-from memr1.rl.episodes import EpisodeConfig
-from memr1.rl.items import ItemsConfig
-from memr1.rl.judge import JudgeConfig
-from memr1.rl.rewards import RewardConfig
+from memr1.rl.task.agents.answer import AnswerConfig
+from memr1.rl.task.agents.extract import ExtractConfig
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.eval.evaluation import EvalConfig
+from memr1.rl.task.episodes import EpisodeConfig
+from memr1.rl.task.train_items import ItemsConfig
+from memr1.rl.task.eval.judging import JudgeConfig
+from memr1.rl.task.rewards import RewardConfig
 
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -53,7 +53,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     temperature: Annotated[float, Meta(ge=0, le=100)] = 1.0    # 0: greedy
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
     top_k: Annotated[int, Meta(ge=-1, le=1 << 20)] = -1           # -1: off; 0 is refused in `check`
-    # Dynamic sampling (rl/stages.py): drop groups whose completions all scored the same and roll out more
+    # Dynamic sampling (rl/task/stages/calls.py): drop groups whose completions all scored the same and roll out more
     # items until the step holds prompts_per_step informative groups, drawing at most refill_max_prompts
     # extra items a step (0: as many as prompts_per_step). Call-level RL stages and their rs controls.
     refill: bool = False

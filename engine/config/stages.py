@@ -3,7 +3,7 @@
 A stage's name says whose weights it trains and how: "<role>" is RL, "<role>_warm" the supervised warm
 start, "<role>_control" the RL stage's supervised control (oracle labels), "<role>_rs" its rejection-sampling
 control (no labels: rl/algos/rejection.py), "manager_episode" RL over whole sessions
-(rl/episodes.py: Memory-R2's episodes, local re-rolls and session curriculum). `stage_name` parses a name, and nothing else
+(rl/task/episodes.py: Memory-R2's episodes, local re-rolls and session curriculum). `stage_name` parses a name, and nothing else
 splits one, so a mistyped name fails at config load.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from memr1.engine.config.errors import ConfigError
-from memr1.rl.stages import ManagerRLConfig, StageConfig
+from memr1.rl.task.stages.calls import ManagerRLConfig, StageConfig
 
 if TYPE_CHECKING:
     from memr1.engine.config.run import RunConfig

@@ -3,7 +3,8 @@
 Owns: the settings (config.py, no torch), a vLLM backend (production) and a transformers backend
 (reference), both on backend.Backend with the shared input checks of base.py; the embedded default
 model (model.py); streaming weight updates (weights.py); the weight-swapping engine that serves several
-checkpoints (swap.py) and the lock a rollout's policy calls hold (locked.py).
+checkpoints (swap.py) and the lock a rollout's policy calls hold (locked.py); an OpenAI-compatible
+chat endpoint, the judge's remote backend (openai_chat.py).
 `make_generator(cfg)` picks and builds one backend; it and this file import no torch until called.
 May import: rl/, observe/. Never config/, training/, checkpoints/ or the top layer.
 """

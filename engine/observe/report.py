@@ -16,9 +16,9 @@ from pathlib import Path
 from memr1.engine.observe import figures, throughput
 from memr1.engine.observe.run_files import read_comparisons, read_config, read_evals, read_metrics
 from memr1.engine.observe.traces import profile_section
-from memr1.rl.data.locomo import CATEGORY_NAMES
+from memr1.rl.task.data.locomo import CATEGORY_NAMES
 from memr1.rl.fileio import write_atomic
-from memr1.rl.stats import bootstrap_mean, paired_bootstrap
+from memr1.rl.task.eval.stats import bootstrap_mean, paired_bootstrap
 
 POLICIES = ("base", "warm", "trained")
 CURVE_KEYS = ("reward_mean", "em_mean", "f1_mean", "parse_failure_rate", "capped_rate")
@@ -58,7 +58,7 @@ def category_cells(report: dict, resamples: int) -> dict:
 
 def _whisker(cell: tuple | None) -> tuple | None:
     """A (value, low, high) cell for the figures, whose whiskers subtract the bounds: a bound that is
-    None (an interval over one conversation, rl/stats.py) becomes NaN, which draws no whisker."""
+    None (an interval over one conversation, rl/task/eval/stats.py) becomes NaN, which draws no whisker."""
     if cell is None:
         return None
     return tuple(float("nan") if x is None else x for x in cell)

@@ -162,7 +162,7 @@ class Learner:
             logp, ent = out if want_entropy else (out, None)
             behav = micro.behav_logp
             old = logp.detach() if (cfg.anchor != "behaviour" or behav is None) else \
-                torch.where(behav.isnan(), logp.detach(), behav)   # NaN: a hint's token (rl/hints.py)
+                torch.where(behav.isnan(), logp.detach(), behav)   # NaN: a hint's token (rl/task/hints.py)
             ref_logp = None
             if self.ref is not None and not cfg.loss.kl_in_reward:
                 with span("learner_forward"), torch.no_grad(), self.compute():

@@ -4,7 +4,7 @@ critic's values, so the learner takes them from GAE, ppo.py).
 Stages emit each response's reward and, where needed, its Credit (rl/records.py): the comparison
 group, the unit the reward scored, the level and the level's weight. `advantages` reads them:
 - no credit (call-level manager and answer RL, hints included): GRPO within the Group;
-- "call", "global", "local" (episodes, rl/episode_stage.py): GRPO within the credit's group, over its
+- "call", "global", "local" (episodes, rl/task/stages/episode.py): GRPO within the credit's group, over its
   units: responses that share a unit (the calls of one episode's session) count once, so a group's
   statistics are over the G episodes or re-rolls, not over their calls; then times the level's weight;
 - "target" (warm starts, supervised controls, rejection sampling): the weight itself, uncompared.

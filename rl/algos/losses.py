@@ -86,7 +86,7 @@ def policy_loss(logp, old_logp, advantages, seq_ids, num_seqs: int, denom: Denom
 
     keep = torch.ones_like(per_token)
     if behav_logp is not None and cfg.is_cap:
-        # NaN marks a token the sampler did not choose (a hint's prefix, rl/hints.py): weight 1.
+        # NaN marks a token the sampler did not choose (a hint's prefix, rl/task/hints.py): weight 1.
         behav_gap = torch.nan_to_num(old_logp - behav_logp, nan=0.0)
         if cfg.ratio_level == "call":
             behav_gap = per_call_mean(behav_gap, seq_ids, num_seqs)

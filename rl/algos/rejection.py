@@ -5,7 +5,7 @@ stage's rollout, unchanged), and keeps, per group, the best-rewarded completion 
 zero (ties to the first sampled); groups with no positive reward teach nothing and are skipped. The kept
 completions are trained with the supervised loss: targets of weight 1 (advantage 1, rl/algos/advantages.py),
 no behaviour log-probs, so the loss on a ratio of 1 has the gradient of their negative log-likelihood
-(as rl/warm.py's scripted replies). RL sees
+(as rl/task/stages/warm.py's scripted replies). RL sees
 the same rollouts, but learns from every completion's reward relative to its group's.
 """
 from memr1.rl.records import Credit, Group, Rollout, TrainBatch

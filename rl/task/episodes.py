@@ -8,7 +8,7 @@ every session boundary, and kept only while a re-roll may start from it.
 
 Global level: each episode's final bank answers a sample of the window's questions (at most
 `global_questions`, the same sample for all G); session k is credited with the questions whose deciding
-turn (the last evidence turn that carries facts, rl/items.py) lies in session k, and every call of
+turn (the last evidence turn that carries facts, rl/task/train_items.py) lies in session k, and every call of
 session k in that episode gets the session's advantage, z-scored over the G episodes.
 Local level (the re-rolls): for each session k, with probability `reroll_prob`, one episode is picked
 and session k is run again `inner_n` times from its snapshot at k - 1, sampled at the training
@@ -28,10 +28,10 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.banks import stream_groups
-from memr1.rl.data.locomo import QA, Conversation
-from memr1.rl.evidence import fact_turns_of
-from memr1.rl.items import deciding_turn
+from memr1.rl.task.banks import stream_groups
+from memr1.rl.task.data.locomo import QA, Conversation
+from memr1.rl.task.evidence import fact_turns_of
+from memr1.rl.task.train_items import deciding_turn
 
 
 class Phase(msgspec.Struct, frozen=True, array_like=True):
@@ -80,7 +80,7 @@ class EpisodeItem:
     credited: list[list[QA]]         # per session: questions whose deciding turn lies in it
     speakers: tuple[str, str] = ("", "")
     session_of: dict = field(default_factory=dict)   # dia_id -> the window session its turn is in
-    fact_turns: set = field(default_factory=set)     # the turns that carry facts (rl/evidence.py)
+    fact_turns: set = field(default_factory=set)     # the turns that carry facts (rl/task/evidence.py)
 
     @property
     def source(self) -> str:

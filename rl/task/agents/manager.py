@@ -11,7 +11,7 @@ follows the fact, compared against the memories listed above it, and the id is t
 the memory text the reply has just copied, since each shown memory is listed text first and id
 second. JSON key and item order carry no meaning to the parser.
 `parse_manager_output` never raises on model output: it returns the valid ops plus
-`ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/rewards.
+`ManagerDiagnostics` (parse failure, hallucinated ids, per-event counts); rewards live in rl/task/rewards.
 A parse failure yields no ops, so the bank stays unchanged.
 """
 import json
@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import extract_json
+from memr1.rl.task.agents.jsonish import extract_json
 
 EVENTS = ("ADD", "UPDATE", "DELETE", "NONE")
 # Spellings small models use for the same events; anything else is an invalid item.

@@ -1,10 +1,10 @@
-"""Bank building: the Memory Manager over each conversation's per-turn facts (rl/facts.py) in order,
+"""Bank building: the Memory Manager over each conversation's per-turn facts (rl/task/facts.py) in order,
 batched across conversations, with an on-disk cache that an interrupted build resumes from. Evaluation, stage-2
 banks and the manager-built banks of stage-1 items all build through `run_manager`, whose calls are
-the manager turns of rl/turns.py.
+the manager turns of rl/task/turns.py.
 
 Batching. The manager is sequential, but only per *stream*: one speaker of one
-conversation (the manager sees and touches only its speaker's memories, see rl/turns.py). Each step
+conversation (the manager sees and touches only its speaker's memories, see rl/task/turns.py). Each step
 sends one call per unfinished stream in one `generate` call; a call holds the facts of up to
 `manager.turns_per_call` consecutive turns of its speaker within one session (`stream_groups`).
 
@@ -27,10 +27,10 @@ from pathlib import Path
 import msgspec
 
 from memr1.memory_store import MemoryBank
-from memr1.rl.agents.manager import ManagerConfig
+from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.fileio import write_atomic
 from memr1.rl.generation import SamplingConfig, hit_cap
-from memr1.rl.turns import apply_outcomes, decide, manager_turns
+from memr1.rl.task.turns import apply_outcomes, decide, manager_turns
 
 
 def conversation_digest(conv) -> str:
@@ -202,7 +202,7 @@ def _manager_steps(builds, dirs, generator, embedder, cfg, batch_size, latencies
 
 def touched_memories(bank, outcome) -> list[list[str]]:
     """[event, text of the memory it changes] of each UPDATE and DELETE of a manager outcome: which
-    memory an op hit, for op accuracy that checks ids (rl/eval_report.py)."""
+    memory an op hit, for op accuracy that checks ids (rl/task/eval/report.py)."""
     from memr1.memory_store import Delete, Update
 
     out = []

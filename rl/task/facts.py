@@ -1,13 +1,13 @@
 """Per-turn facts of each conversation: the synthetic oracle's, or extracted by a model (the first role
 of Memory-R1's pipeline). Extraction does not read the bank, so every turn of every conversation is
 extracted up front in large batches; each finished batch is appended to the conversation's
-facts.partial.jsonl, so an interrupted run redoes at most one batch (cache layout: rl/banks.py).
+facts.partial.jsonl, so an interrupted run redoes at most one batch (cache layout: rl/task/banks.py).
 """
 import json
 from pathlib import Path
 
-from memr1.rl.agents.extract import ExtractConfig, build_extract_messages, grounded, parse_facts
-from memr1.rl.banks import count_capped, generate_all, limit_turns, prepare_dir, text_of
+from memr1.rl.task.agents.extract import ExtractConfig, build_extract_messages, grounded, parse_facts
+from memr1.rl.task.banks import count_capped, generate_all, limit_turns, prepare_dir, text_of
 from memr1.rl.fileio import write_atomic
 from memr1.rl.generation import SamplingConfig
 

@@ -1,8 +1,8 @@
-"""The episode stage (rl/episodes.py) as the loop sees it: a step number in, a scored Rollout out.
+"""The episode stage (rl/task/episodes.py) as the loop sees it: a step number in, a scored Rollout out.
 
 A step's episodes advance together, session by session and call by call: the r-th call of session k of
 every live lane (the G episodes of each item, plus the re-rolls of session k) goes into one generate
-call, one completion per lane, each applied to its lane's own bank through rl/turns.py, exactly as
+call, one completion per lane, each applied to its lane's own bank through rl/task/turns.py, exactly as
 bank building applies them. A re-roll group forks the chosen episode's bank just before session k
 (the snapshot at k - 1) and is scored and dropped as soon as session k ends; the episodes are scored on
 their final banks. Every call's response carries its unit's reward and Credit (its level, comparison
@@ -17,17 +17,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from memr1.memory_store import MemoryBank
-from memr1.rl.agents.manager import EVENTS
-from memr1.rl.episodes import EpisodeConfig, EpisodeItem, bank_words, global_sample, local_sample, session_reward
-from memr1.rl.evidence import evidence_misses, miss_rate, stored_turns
+from memr1.rl.task.agents.manager import EVENTS
+from memr1.rl.task.episodes import EpisodeConfig, EpisodeItem, bank_words, global_sample, local_sample, session_reward
+from memr1.rl.task.evidence import evidence_misses, miss_rate, stored_turns
 from memr1.rl.generation import hit_cap
-from memr1.rl.items import step_items
+from memr1.rl.task.train_items import step_items
 from memr1.rl.records import Credit, Group, Rollout, TrainBatch
-from memr1.rl.rewards import RewardConfig
-from memr1.rl.samples import episode_sample
+from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.samples import episode_sample
 from memr1.rl.spans import span
-from memr1.rl.stages import StageConfig, greedy_once, mean, score_answers
-from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
+from memr1.rl.task.stages.calls import StageConfig, greedy_once, mean, score_answers
+from memr1.rl.task.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 @dataclass

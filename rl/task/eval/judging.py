@@ -1,18 +1,16 @@
 """LLM-as-a-Judge (the J metric): a generous CORRECT/WRONG label per answer.
 
-The judge is any `Generator` (see memr1.rl.generation) or an OpenAI-compatible chat endpoint through
-`OpenAIChatGenerator` (urllib only). Unparseable verdicts are retried; items that still fail are
-counted as FAILED and reported, never silently scored as right or wrong.
+The judge is any `Generator` (see memr1.rl.generation): the base model, or an OpenAI-compatible chat
+endpoint (engine/generation/openai_chat.py). Unparseable verdicts are retried; items that still fail
+are counted as FAILED and reported, never silently scored as right or wrong.
 """
-import json
 import re
-import urllib.request
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import MAX_CHARS, extract_json
+from memr1.rl.task.agents.jsonish import MAX_CHARS, extract_json
 from memr1.rl.generation import SamplingConfig
 
 LABELS = ("CORRECT", "WRONG")
@@ -116,42 +114,3 @@ def judge_answers(generator, items: list[tuple[str, str, str]], sampling: Sampli
     final = [lab or "FAILED" for lab in labels]
     return JudgeReport(labels=final, n_correct=final.count("CORRECT"), n_wrong=final.count("WRONG"),
                        n_failed=final.count("FAILED"), calls=calls, errors=errors)
-
-
-class TextCompletion(msgspec.Struct):
-    text: str
-    token_ids: list[int] = []
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
-
-
-class OpenAIChatGenerator:
-    """A `Generator` over an OpenAI-compatible `/chat/completions` endpoint (one request per prompt).
-    `url` is the API base, e.g. "http://localhost:8000/v1"."""
-
-    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0):
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"OpenAIChatGenerator: url must start with http:// or https://, got {url!r}")
-        base = url.rstrip("/")
-        self.endpoint = base if base.endswith("/chat/completions") else base + "/chat/completions"
-        self.model, self.api_key, self.timeout = model, api_key, timeout
-
-    def _post(self, body: dict) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return json.loads(resp.read())
-
-    def generate(self, prompts: list, n: int, sampling: SamplingConfig) -> list[list[TextCompletion]]:
-        out = []
-        for messages in prompts:
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise TypeError("OpenAIChatGenerator takes chat message lists, not token ids")
-            body = {"model": self.model, "messages": messages, "n": n,
-                    "temperature": sampling.temperature, "max_tokens": sampling.max_new_tokens}
-            choices = self._post(body).get("choices", [])
-            out.append([TextCompletion(text=(c.get("message") or {}).get("content") or "",
-                                       finish_reason=c.get("finish_reason")) for c in choices])
-        return out

@@ -4,7 +4,7 @@ memories (a pet total, the city of the one with a job). Phrase slots are asked t
 ("Why did ...", "How does ... feel about ...", "What did ... do on ..."), with answers copied from the
 memory. Categories use Mem0's numbering.
 """
-from memr1.rl.data import synth_text as T
+from memr1.rl.task.data import synth_text as T
 
 
 def slot_questions(name: str, slot: str, v: dict, memory: str | None, on_date: str) -> list[tuple]:

@@ -14,7 +14,7 @@ import re
 import msgspec
 
 from memr1.memory_store import Add, BankConfig, BankError, MemoryBank
-from memr1.rl.data.locomo import DataError
+from memr1.rl.task.data.locomo import DataError
 
 _SPACES = re.compile(r"\s*")   # what str.lstrip removes
 # The most a memory's text may hold in the banks made here (BankConfig's default, 4,096 bytes).
@@ -91,7 +91,7 @@ def rag_bank(conv, embedder, turns: list, limit: int = MAX_TEXT_BYTES) -> Memory
 
 
 def fact_bank(turns: list, facts: list[list[str]], embedder) -> MemoryBank:
-    """Every fact of `turns` (one fact list per turn, as rl/facts.py gives them) ADDed as a memory of
+    """Every fact of `turns` (one fact list per turn, as rl/task/facts.py gives them) ADDed as a memory of
     the turn's speaker, dated by its session: the manager that knows no operation but ADD."""
     rows = [(t, f) for t, fs in zip(turns, facts) if has_speaker(t) for f in fs or () if f.strip()]
     bank = MemoryBank.create(None, dim=embedder.dim)

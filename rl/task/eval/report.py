@@ -27,9 +27,9 @@ from collections import Counter
 
 import numpy as np
 
-from memr1.rl.data.locomo import CATEGORY_NAMES
-from memr1.rl.data.synthetic import call_ops
-from memr1.rl.rewards import simple_tokens
+from memr1.rl.task.data.locomo import CATEGORY_NAMES
+from memr1.rl.task.data.synthetic import call_ops
+from memr1.rl.task.rewards import simple_tokens
 
 TABLE_ORDER = ("single-hop", "multi-hop", "open-domain", "temporal")   # the paper's column order
 _FUNCTION_WORDS = {"a", "an", "the", "and", "of", "to", "in", "on", "has", "have", "is", "are", "was",

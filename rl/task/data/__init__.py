@@ -1,11 +1,11 @@
-"""Conversations for training and evaluation, all as `memr1.rl.data.locomo.Conversation` structs.
+"""Conversations for training and evaluation, all as `memr1.rl.task.data.locomo.Conversation` structs.
 
 `load_conversations()` is the one entry point: no path gives the built-in synthetic set; a path is read
 as LoCoMo, LongMemEval or MSC-Self-Instruct, told apart by the file's contents.
 """
 from pathlib import Path
 
-from memr1.rl.data.locomo import Conversation, DataError, check_unicode, load_locomo, parse_json
+from memr1.rl.task.data.locomo import Conversation, DataError, check_unicode, load_locomo, parse_json
 
 # The key that marks a record of each format.
 MARKS = {"locomo": "sample_id", "longmemeval": "question_id", "msc": "self_instruct"}
@@ -47,17 +47,17 @@ def detect_format(path) -> str:
 def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None = None) -> list[Conversation]:
     """Synthetic conversations (n, seed) when `path` is None, else the file's; optionally one split."""
     if path is None:
-        from memr1.rl.data.synthetic import load_synthetic
+        from memr1.rl.task.data.synthetic import load_synthetic
         convs = load_synthetic(n, seed)
     else:
         fmt = detect_format(path)
         if fmt == "locomo":
             convs = load_locomo(path)
         elif fmt == "longmemeval":
-            from memr1.rl.data.longmemeval import load_longmemeval
+            from memr1.rl.task.data.longmemeval import load_longmemeval
             convs = load_longmemeval(path)
         else:
-            from memr1.rl.data.msc import load_msc
+            from memr1.rl.task.data.msc import load_msc
             convs = load_msc(path)
         for c in convs:
             check_unicode(c, path)

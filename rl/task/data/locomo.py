@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from memr1.rl.data.errors import DataError
-from memr1.rl.data.oracle import check_oracle
+from memr1.rl.task.data.errors import DataError
+from memr1.rl.task.data.oracle import check_oracle
 
 CATEGORY_NAMES = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
 SPLITS = ("train", "val", "test")

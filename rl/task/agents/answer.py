@@ -1,7 +1,7 @@
 """Answer Agent: prompt with the question and each speaker's top-k memories (with timestamps), and a
 parser for "selected memories, then `Answer: ...`" (Memory-R1's memory distillation).
 
-Prompts are plain functions of (question, memories); retrieval is `rl.turns.answer_prompts`, which
+Prompts are plain functions of (question, memories); retrieval is `rl.task.turns.answer_prompts`, which
 training and evaluation share.
 """
 import re

@@ -22,9 +22,9 @@ import bisect
 import json
 import re
 
-from memr1.rl.agents.manager import reply_item
-from memr1.rl.data.synthetic import call_ops
-from memr1.rl.warm import manager_target
+from memr1.rl.task.agents.manager import reply_item
+from memr1.rl.task.data.synthetic import call_ops
+from memr1.rl.task.stages.warm import manager_target
 
 VARIANTS = ("ADD:skip", "ADD:overwrite", "UPDATE:as_add", "UPDATE:wrong_id", "DELETE:skip", "NONE:add",
             "NONE:update")
@@ -99,7 +99,7 @@ def wrong_replies(item, shown: list[str], oracle: dict, list_unchanged: bool, tu
 def op_visibility(stage, items, oracles: dict) -> dict:
     """{variant: {"items", "differ", "share", "em_oracle", "em_wrong"}} over `items` (EM in points),
     scored by `stage` (a ManagerStage holding the frozen answerer, embedder and task settings)."""
-    from memr1.rl.turns import manager_turns
+    from memr1.rl.task.turns import manager_turns
 
     turns = manager_turns([(it.bank, it.call) for it in items],
                           stage.embedder, stage.task.manager)

@@ -19,7 +19,7 @@ import math
 import re
 
 from memr1.rl.generation import Completion, chat_prompt_ids
-from memr1.rl.warm import manager_target
+from memr1.rl.task.stages.warm import manager_target
 
 HINT_EVENTS = ("UPDATE", "DELETE")   # the ops a warm manager rarely samples (ADD and NONE it writes)
 _OP = re.compile(r'"event": "(%s)", "old_memory": "' % "|".join(HINT_EVENTS))

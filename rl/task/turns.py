@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from memr1.memory_store import BankError
-from memr1.rl.agents.answer import AnswerConfig, build_answer_messages
-from memr1.rl.agents.extract import ExtractConfig
-from memr1.rl.agents.manager import (ManagerConfig, ManagerPrompt, build_manager_prompt, memories_for_facts,
+from memr1.rl.task.agents.answer import AnswerConfig, build_answer_messages
+from memr1.rl.task.agents.extract import ExtractConfig
+from memr1.rl.task.agents.manager import (ManagerConfig, ManagerPrompt, build_manager_prompt, memories_for_facts,
                                      parse_manager_output, to_store_ops)
 from memr1.rl.generation import hit_cap
 

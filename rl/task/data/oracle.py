@@ -5,7 +5,7 @@ from typing import Literal
 
 import msgspec
 
-from memr1.rl.data.errors import DataError
+from memr1.rl.task.data.errors import DataError
 
 
 class OracleEvent(msgspec.Struct, frozen=True):

@@ -29,9 +29,9 @@ import random
 import sys
 from pathlib import Path
 
-from memr1.rl.data import synth_text as T
-from memr1.rl.data.synth_questions import questions
-from memr1.rl.data.locomo import Conversation, parse_locomo
+from memr1.rl.task.data import synth_text as T
+from memr1.rl.task.data.synth_questions import questions
+from memr1.rl.task.data.locomo import Conversation, parse_locomo
 from memr1.rl.fileio import write_atomic
 
 EVENT_OF = {"add": "ADD", "more": "UPDATE", "move": "UPDATE", "new": "UPDATE", "change": "UPDATE",

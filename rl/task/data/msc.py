@@ -8,7 +8,7 @@ MSC gives no calendar dates, so a session's `date_time` states its position and 
 """
 from pathlib import Path
 
-from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, parse_json
+from memr1.rl.task.data.locomo import QA, Conversation, DataError, Session, Turn, parse_json
 
 SPEAKERS = ("Speaker 1", "Speaker 2")
 

@@ -14,7 +14,7 @@ construction) and the questions' evidence annotations.
 """
 from __future__ import annotations
 
-from memr1.rl.data.locomo import QA
+from memr1.rl.task.data.locomo import QA
 
 
 def stored_turns(bank) -> set[str]:

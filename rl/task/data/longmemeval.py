@@ -9,7 +9,7 @@ Evidence is the dia_ids of turns marked `has_answer`. The whole set is an evalua
 """
 from pathlib import Path
 
-from memr1.rl.data.locomo import QA, Conversation, DataError, Session, Turn, of_type, read_json
+from memr1.rl.task.data.locomo import QA, Conversation, DataError, Session, Turn, of_type, read_json
 
 CATEGORY_OF_TYPE = {"single-session-user": 1, "single-session-assistant": 1, "single-session-preference": 1,
                     "knowledge-update": 1, "temporal-reasoning": 2, "multi-session": 3}

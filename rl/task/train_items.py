@@ -34,9 +34,9 @@ import msgspec
 from msgspec import Meta
 
 from memr1.memory_store import Add, Delete, MemoryBank, Update
-from memr1.rl.banks import stream_groups
-from memr1.rl.data.errors import DataError
-from memr1.rl.data.locomo import QA, Conversation, Session
+from memr1.rl.task.banks import stream_groups
+from memr1.rl.task.data.errors import DataError
+from memr1.rl.task.data.locomo import QA, Conversation, Session
 
 
 class ItemsConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

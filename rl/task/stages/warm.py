@@ -15,14 +15,14 @@ The oracle decides only what is imitated here; RL stages are rewarded by outcome
 import json
 import time
 
-from memr1.rl.agents.answer import AnswerConfig, memory_lines
-from memr1.rl.agents.manager import reply_item
-from memr1.rl.data.synthetic import call_ops
+from memr1.rl.task.agents.answer import AnswerConfig, memory_lines
+from memr1.rl.task.agents.manager import reply_item
+from memr1.rl.task.data.synthetic import call_ops
 from memr1.rl.generation import chat_prompt_ids, reply_ids
-from memr1.rl.items import step_items
+from memr1.rl.task.train_items import step_items
 from memr1.rl.records import TARGET, Group, Rollout, TrainBatch
-from memr1.rl.stages import StageConfig
-from memr1.rl.turns import AnswerRequest, ManagerTurn, Task, answer_prompts, manager_turns
+from memr1.rl.task.stages.calls import StageConfig
+from memr1.rl.task.turns import AnswerRequest, ManagerTurn, Task, answer_prompts, manager_turns
 
 
 def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -> str:

@@ -15,7 +15,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from memr1.rl.agents.jsonish import MAX_CHARS, extract_json
+from memr1.rl.task.agents.jsonish import MAX_CHARS, extract_json
 
 EXTRACT_SYSTEM = """You take notes about the people in a conversation so they can be remembered later.
 Read ONE message and list the lasting personal facts it states about the speaker or people they

@@ -1,15 +1,15 @@
 """Evaluation: build each conversation's memory bank, answer every question of a split, and score.
 
-`evaluate()` takes generators and an embedder (the protocols of memr1.rl.agents and memory_store),
+`evaluate()` takes generators and an embedder (the protocols of memr1.rl.task.agents and memory_store),
 so it runs the same on vLLM, transformers, an OpenAI-compatible endpoint or a scripted fake. Banks
-are built with rl/banks.py and questions answered with rl/turns.py, the same turns training uses.
+are built with rl/task/banks.py and questions answered with rl/task/turns.py, the same turns training uses.
 
 Baselines (`EvalConfig.baseline`):
 - memr1: extraction + Memory Manager build the banks, the Answer Agent answers (the given models).
 - base: the same pipeline on the untrained model (a Mem0-style pipeline); the caller picks the model.
 - oracle: the synthetic oracle's banks, so the answer agent is scored apart from the manager.
 - rag: every raw turn is a memory; retrieve top-k per speaker and answer (LoCoMo's RAG baseline).
-  Turns over a memory's size are split, turns without a speaker left out (rl/rag.py); the report's
+  Turns over a memory's size are split, turns without a speaker left out (rl/task/rag.py); the report's
   `input` counts both.
 - full_context: the whole conversation in the prompt; a conversation that does not fit the context
   is skipped with its reason, and its questions are reported as skipped, not scored.
@@ -23,18 +23,18 @@ import msgspec
 from msgspec import Meta
 from tqdm import tqdm
 
-from memr1.rl.agents.answer import AnswerConfig, parse_answer
-from memr1.rl.agents.manager import ManagerConfig
-from memr1.rl.banks import generate_all, limit_turns, run_manager, safe_name, text_of
-from memr1.rl.facts import facts_for
-from memr1.rl.data.locomo import CATEGORY_NAMES
-from memr1.rl.eval_report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
-from memr1.rl.evidence import evidence_misses, fact_turns_of, miss_rate, stored_turns
+from memr1.rl.task.agents.answer import AnswerConfig, parse_answer
+from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.banks import generate_all, limit_turns, run_manager, safe_name, text_of
+from memr1.rl.task.facts import facts_for
+from memr1.rl.task.data.locomo import CATEGORY_NAMES
+from memr1.rl.task.eval.report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
+from memr1.rl.task.evidence import evidence_misses, fact_turns_of, miss_rate, stored_turns
 from memr1.rl.generation import SamplingConfig, hit_cap
-from memr1.rl.items import oracle_bank
-from memr1.rl.rag import fact_bank, input_counts, rag_bank
-from memr1.rl.rewards import score_answer
-from memr1.rl.turns import AnswerRequest, Task, answer_prompts
+from memr1.rl.task.train_items import oracle_bank
+from memr1.rl.task.rag import fact_bank, input_counts, rag_bank
+from memr1.rl.task.rewards import score_answer
+from memr1.rl.task.turns import AnswerRequest, Task, answer_prompts
 
 BASELINES = ("memr1", "base", "oracle", "rag", "add_all", "full_context")
 ROLES = ("extract", "manager", "answer")
@@ -49,7 +49,7 @@ class EvalConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     max_turns: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
     max_questions: Annotated[int, Meta(ge=0, le=10_000_000)] = 0   # per conversation, 0 = all (smoke runs)
     fact_match_f1: Annotated[float, Meta(gt=0, le=1)] = 0.5   # oracle fact matching threshold (see eval_report)
-    resamples: Annotated[int, Meta(ge=1, le=1_000_000)] = 2000   # bootstrap resamples of paired comparisons (rl/stats.py)
+    resamples: Annotated[int, Meta(ge=1, le=1_000_000)] = 2000   # bootstrap resamples of paired comparisons (rl/task/eval/stats.py)
     progress: bool = True
 
     def __post_init__(self):
@@ -65,7 +65,7 @@ def evaluate(conversations: list, split: str, generator, embedder, cfg: EvalConf
 
     `generator` is one Generator for every role, or a dict role -> Generator for ROLES; `cache_dir` the
     folder for this (data, model, config)'s banks and `facts_dir` for its extractions (default:
-    cache_dir); `judge` an rl.judge.Judge for J or None; `count_tokens(messages)` and `context_limit`
+    cache_dir); `judge` an rl.task.eval.judging.Judge for J or None; `count_tokens(messages)` and `context_limit`
     gate full_context prompts; `batch_size` prompts go in each generate call."""
     builds: dict = {}   # filled by bank building; its banks are closed however the run ends
     try:
@@ -168,7 +168,7 @@ def _evaluate(conversations, split, gens, embedder, cfg, task, cache_dir, facts_
         "oracle": summarize_oracle(oracle_parts),
         "evidence": {"miss_rate": miss_rate(list(misses.values())),
                      "per_conversation": {sid: {"missed": m, "counted": n} for sid, (m, n) in misses.items()},
-                     "note": "rl/evidence.py: the share of questions whose needed evidence turns no memory came from"}
+                     "note": "rl/task/evidence.py: the share of questions whose needed evidence turns no memory came from"}
         if misses else None,
         "config": msgspec.to_builtins(cfg), "task": msgspec.to_builtins(task), "wall_s": time.perf_counter() - t_start,
         "answers": records,

@@ -4,7 +4,7 @@ ManagerStage: each item's manager turn gets G completions; each completion's ops
 fork of the item's bank; the frozen Answer Agent answers the item's questions from every fork; the
 reward is `rewards.manager_reward` (the answers' mean EM/F1/judge score minus penalties).
 AnswerStage: the answer turn gets G completions; the reward is `rewards.answer_reward`.
-Both build prompts and apply ops through rl/turns.py, exactly as evaluation does. Under data
+Both build prompts and apply ops through rl/task/turns.py, exactly as evaluation does. Under data
 parallelism a stage rolls out only its rank's share of each step's items (`items.step_items`).
 
 Dynamic sampling (`refill`, DAPO's): a group whose completions all scored the same carries no GRPO
@@ -22,15 +22,15 @@ import msgspec
 from msgspec import Meta
 
 from memr1.memory_store import Add, Delete
-from memr1.rl.agents.answer import AnswerConfig, parse_answer
-from memr1.rl.agents.manager import EVENTS
+from memr1.rl.task.agents.answer import AnswerConfig, parse_answer
+from memr1.rl.task.agents.manager import EVENTS
 from memr1.rl.generation import GREEDY, SamplingConfig, hit_cap
-from memr1.rl.items import step_items
+from memr1.rl.task.train_items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
-from memr1.rl.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
-from memr1.rl.samples import answer_samples, manager_samples
+from memr1.rl.task.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
+from memr1.rl.task.stages.samples import answer_samples, manager_samples
 from memr1.rl.spans import span
-from memr1.rl.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
+from memr1.rl.task.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -47,7 +47,7 @@ class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
 
 class ManagerRLConfig(StageConfig, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The call-level manager stage's settings: a stage's, plus hints (rl/hints.py)."""
+    """The call-level manager stage's settings: a stage's, plus hints (rl/task/hints.py)."""
     hints: Annotated[int, Meta(ge=0, le=1023)] = 0   # of each group on a call whose oracle reply UPDATEs or
                                                      # DELETEs, completions that start from that reply
 
@@ -177,14 +177,14 @@ class ManagerStage:
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
         self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
-        self.hints = hints           # rl.hints.Hints: some completions start from the oracle's reply
+        self.hints = hints           # rl.task.hints.Hints: some completions start from the oracle's reply
         self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
 
     def score(self, items, turns, owners: list[int], completions: list) -> "ManagerScores":
         """Score manager completions (`owners[j]`: the index in `items`/`turns` that completion j
         answers): each edits its own fork of its item's bank (a refused or unparsed one leaves it as
         it was), the frozen Answer Agent answers the item's questions from every fork in one generate
-        call, and each completion gets `rewards.manager_reward`. Rollouts and rl/op_probe.py call this."""
+        call, and each completion gets `rewards.manager_reward`. Rollouts and rl/task/eval/op_probe.py call this."""
         with span("parse"):
             outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.embedder, self.task.manager)
         forks = []
