@@ -231,6 +231,12 @@ def headline(rows: list[dict]) -> list[dict]:
         out.append(headline_entry(f"sweep {size:,}: exact over HNSW search p50", sweep[("memr1_exact", size)] /
                                   sweep[("memr1_hnsw", size)], f"memr1_hnsw {size:,}", f"memr1_exact {size:,}",
                                   "exact search's p50 over the graph's on the same rows (where hnsw_threshold sits)"))
+    checks = largest([r for r in rows if r["op"] == "search_file_checks"], ("impl",))
+    for r in checks.values():
+        out.append(headline_entry(f"file checks @ {r['bank_size']:,}: share of a search", r["share"],
+                                  f"memr1 search_file_checks {r['bank_size']:,}", f"memr1 search {r['bank_size']:,}",
+                                  "the p50 of the file checks a disk bank's search starts with, over the whole "
+                                  "search's p50", unit="share", better="lower", target=0.05))
     out += burst_headline(rows)
     out += compaction_headline(rows, BankConfig(dim=DIM).hnsw_expansion_add)
     scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}

@@ -196,6 +196,8 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
                             live=len(bank), **shape, **stats, **built))
 
     measure("fresh", list(scn.impls))
+    if scn.layout == "disk":
+        rows.append(file_check_row(scn, bank, queries, k, n_search, rounds))
     timed_ops, before = [], compaction_mark(bank)
     for op in scn.ops:
         scn.truth.apply(op)
@@ -216,6 +218,18 @@ def phase_rows(scn: Scenario, k: int, n_queries: int, n_search: int, rounds: int
     rows += compact_rows(scn, reps)
     measure("after_compact", [impl for impl in scn.impls if impl != "usearch"])
     return rows
+
+
+def file_check_row(scn: Scenario, bank, queries: np.ndarray, k: int, n_search: int, rounds: int) -> dict:
+    """The file checks every search of a disk bank starts with (Segment.check_mapped: an fstat per mapped
+    file, so a truncated file is an error, not a SIGBUS), timed alone in the same rounds as the whole
+    search they belong to: `share` is their p50 over the search's."""
+    segment = bank._view[1]
+    samples = alternate({"search": lambda i: bank.search(queries[i % len(queries)], k),
+                         "checks": lambda i: segment.check_mapped()}, n_search, rounds)
+    checks = row("memr1", "search_file_checks", scn.size, samples["checks"], layout=scn.layout, phase="fresh")
+    search = row("memr1", "search", scn.size, samples["search"])
+    return {**checks, "search_p50_us": search["p50_us"], "share": checks["p50_us"] / search["p50_us"]}
 
 
 def compact_rows(scn: Scenario, reps: int) -> list[dict]:

@@ -318,6 +318,10 @@ def test_quick_run_writes_its_headline_from_its_rows(quick):
         assert h["value"] == roll[(best, g)] / roll[("memr1_compacted_batched", g)]
     assert not any(n.startswith("scale") for n in head)
     assert {"compaction @ 10,000: search p99 during over idle", "compaction @ 10,000: CPU per changed row"} <= set(head)
+    checks = {r["bank_size"]: r for r in rows if r["op"] == "search_file_checks"}
+    assert set(checks) == set(quick["settings"]["disk_sizes"])
+    assert all(0 < r["share"] == r["p50_us"] / r["search_p50_us"] and r["p50_us"] > 0 for r in checks.values())
+    assert head[f"file checks @ {size:,}: share of a search"]["value"] == checks[size]["share"]
     disk = {r["threads"]: r for r in rows if r["op"] == "search_threads" and r["impl"] == "memr1" and r["layout"] == "disk"}
     threads = {n: h for n, h in head.items() if n.startswith("search, ")}
     assert len(threads) == len(disk) - 1 and all(threads[n]["value"] == disk[int(n.split()[1])]["scaling"] for n in threads)
