@@ -304,6 +304,12 @@ def test_quick_run_writes_its_headline_from_its_rows(quick):
         assert head[f"{kind} @ {size:,}: p50"]["value"] == b["p50_us"] / a["p50_us"]
         assert head[f"{kind} @ {size:,}: amortised mean"]["value"] == b["amortised_us"] / a["amortised_us"]
     assert head[f"update @ {size:,}: memr1 amortised mean"]["value"] == find("memr1", "update", layout="disk")["amortised_us"]
+    floor = find("memr1", "call_floor", layout="disk")["p50_us"]
+    for kind in ("add", "update", "delete"):
+        a = find("memr1", kind, layout="disk")
+        assert head[f"{kind} @ {size:,}: memr1 p99"]["value"] == a["p99_us"]
+        assert head[f"{kind} @ {size:,}: memr1 max"]["value"] == a["max_us"]
+        assert head[f"{kind} @ {size:,}: p50"]["floor_share"] == floor / a["p50_us"] and 0 < floor < a["p50_us"]
     after = {i: find(i, "search", layout="disk", phase="after_ops") for i in ("memr1", "memr1_auto_off", "usearch_overlay")}
     assert head[f"search after ops @ {size:,}, memr1 not compacting"]["value"] == (
         after["usearch_overlay"]["p50_us"] / after["memr1_auto_off"]["p50_us"])
