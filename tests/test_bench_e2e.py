@@ -58,7 +58,7 @@ def test_quick_run_rows_and_provenance(tmp_path):
 def check_quick_json(data: dict) -> None:
     rows = {r["trainer"]: r for r in data["rows"]}
     vllm = importlib.util.find_spec("vllm") is not None
-    assert set(rows) == set(TRAINERS) - (set() if vllm else {"trl_vllm"}) and len(data["rows"]) == len(rows)
+    assert set(rows) == set(TRAINERS) - (set() if vllm else {"trl_vllm", "trl_vllm_no_is"}) and len(data["rows"]) == len(rows)
     keys = {"model", "trainer", "group_size", "tokens_per_s", "steps_per_s", "step_s", "step_s_spread", "steps_timed",
             "response_tokens", "signal_frac", "generation", "settings"}
     for r in rows.values():
@@ -77,7 +77,7 @@ def check_quick_json(data: dict) -> None:
     # the noskip row computes every group; the others compute exactly the groups with signal
     assert rows["memr1_noskip"]["computed_frac"] == 1.0 and not rows["memr1_noskip"]["settings"]["skip_zero_advantage"]
     assert rows["memr1_staleness0"]["computed_frac"] == rows["memr1_staleness0"]["signal_frac"]
-    for t in ("trl", "trl_vllm") if vllm else ("trl",):   # TRL's step split and its computed positions
+    for t in ("trl", "trl_vllm", "trl_vllm_no_is") if vllm else ("trl",):   # TRL's step split and its positions
         r = rows[t]
         assert r["gen_s"] > 0 and r["train_s"] > 0 and r["gen_s"] + r["train_s"] <= r["step_s_spread"][1] * 1.001
         assert r["positions"] > 0 and 0 <= r["padded_frac"] < 1
@@ -94,6 +94,10 @@ def check_quick_json(data: dict) -> None:
         r = rows["trl_vllm"]
         assert r["generation"] == "vllm" and r["settings"]["use_vllm"] and r["sync_s"] > 0  # reload_sync ran
         assert head["tiny-random: memr1_noskip over trl_vllm, steps/s"]["target"] == 2.0
+        no_is = rows["trl_vllm_no_is"]["settings"]
+        assert no_is["use_vllm"] and no_is["vllm_importance_sampling_correction"] is False
+        assert r["settings"]["vllm_importance_sampling_correction"] is True   # TRL's default, on the other row
+        assert head["tiny-random: memr1_noskip over trl_vllm_no_is, steps/s"]["target"] is None
     assert head["tiny-random: skipping equal-reward groups, steps/s"]["value"] == pytest.approx(
         rows["memr1_noskip"]["wall_per_step_s"] / rows["memr1_staleness0"]["wall_per_step_s"])
     m = data["machine"]
