@@ -55,10 +55,16 @@ README_PICK = {
                 (r"^gae .*: share of the bandwidth floor$", "worst"),
                 (r"^logprobs .*: time over", "worst")),
     "attention": ((r"dense_mask over memr1_prefix", "worst"),),
-    "memory_ops": ((r"^update @ .*: memr1 amortised mean$", "all"), (r"^fork rollout @ .* G=64$", "all"),
+    "memory_ops": ((r"^(add|update) @ .*: memr1 p99$", "all"), (r"^fork rollout @ .* G=64$", "all"),
+                   (r"^compaction @ .*: search p99 during over idle$", "all"),
                    (r"^scale .*: slowest op kind's p50$", "all")),
-    "episodes": ((r"^S=32: memr1 over .*, snapshot\+restore\+drop$", "all"), (r"^S=32: RSS growth per row written", "all")),
+    # Against the copy-on-write numpy bank, the baseline a competent user writes (pickle and deepcopy are
+    # in the full table).
+    "episodes": ((r"^S=32: memr1 over cow, snapshot\+restore\+drop$", "all"),
+                 (r"^S=32: RSS growth per row written, cow over memr1$", "all")),
     "op_probe": (),
+    # The margin at each data seed, and the rule's verdict over them (bench/headroom.py:RULE).
+    "headroom": ((r"oracle banks - ADD-every-fact banks", "all"), (r"no-headroom condition", "all")),
     # Per run of the JSON (data seed, seed): the manager's RL part and RL against rejection sampling on
     # its own rollouts, and the answer agent's RL part on the banks it trained on.
     "learning": ((r": manager em_fixed_answerer, trained manager - (warm|rejection-sampling) manager$", "all"),
