@@ -153,6 +153,16 @@ def greedy_once(generator, prompts: list, max_new_tokens: int) -> tuple[list, in
     return [by_key[k] for k in keys], len(first)
 
 
+class CallStage:
+    """What the two call-level stages share: a step's items (this rank's share), rolled out by the
+    stage's `rollout_items`, and refilled when `refill` is on."""
+
+    def rollout(self, step: int, generator) -> Rollout:
+        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
+                                   generator)
+        return with_refill(self, step, generator, first) if self.refill else first
+
+
 @dataclass
 class ManagerScores:
     """What `ManagerStage.score` found, per completion (outcomes, parts, scores) and per answer."""
@@ -168,7 +178,7 @@ class ManagerScores:
     bank_after: list[int]     # memories in each completion's fork after its ops
 
 
-class ManagerStage:
+class ManagerStage(CallStage):
     name = "manager"
 
     def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
@@ -215,11 +225,6 @@ class ManagerStage:
         return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct,
                              [len(f) for f in forks])
 
-    def rollout(self, step: int, generator) -> Rollout:
-        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
-                                   generator)
-        return with_refill(self, step, generator, first) if self.refill else first
-
     def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
         turns = manager_turns([(it.bank, it.call) for it in items],
@@ -264,7 +269,7 @@ class ManagerStage:
                        manager_samples(items, turns, owners, flat, sc, G))
 
 
-class AnswerStage:
+class AnswerStage(CallStage):
     name = "answer"
 
     def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
@@ -273,11 +278,6 @@ class AnswerStage:
         self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
         self.rank, self.world = rank, world
         self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
-
-    def rollout(self, step: int, generator) -> Rollout:
-        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
-                                   generator)
-        return with_refill(self, step, generator, first) if self.refill else first
 
     def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
