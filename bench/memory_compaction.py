@@ -52,14 +52,15 @@ def compaction_rows(size: int, config, workdir, k: int, n_queries: int, n_search
         found = [bank.search(q, k).ids for q in queries]
         exact = [bank.search(q, k, exact=True).ids for q in queries]
         common = dict(layout="disk", section="compaction", expansion_add=beam, changed_rows=changed, k=k)
+        cpu_s = float(np.median(cpu))
         rows += [row("memr1", "search_idle", size, idle, **common),
                  row("memr1", "search_during_compaction", size, during, **common),
                  {"impl": "memr1", "op": "compaction", "bank_size": size, **common, "cycles": cycles,
-                  "s": float(np.median(wall)), "cpu_s": float(np.median(cpu)),
-                  "cpu_per_row_us": float(np.median(cpu)) * 1e6 / changed, "recall_at_k": recall(found, exact, k)}]
+                  "s": float(np.median(wall)), "cpu_s": cpu_s, "cpu_per_row_us": cpu_s * 1e6 / changed,
+                  "recall_at_k": recall(found, exact, k)}]
         bank.close()
-        print(f"  compaction {size:,}, expansion_add {beam}: {np.median(wall):.2f} s, "
-              f"{np.median(cpu) * 1e6 / changed:.0f} us CPU a changed row")
+        print(f"  compaction {size:,}, expansion_add {beam}: {rows[-1]['s']:.2f} s, "
+              f"{rows[-1]['cpu_per_row_us']:.0f} us CPU a changed row")
     return rows
 
 
@@ -91,8 +92,12 @@ def compact_beside_searches(bank, queries: np.ndarray, k: int, samples: list[int
     return took[0], other
 
 
+def by_op_and_beam(rows: list[dict]) -> dict:
+    return {(r["op"], r["expansion_add"]): r for r in rows if r.get("section") == "compaction"}
+
+
 def compaction_lines(rows: list[dict]) -> list[str]:
-    by = {(r["op"], r["expansion_add"]): r for r in rows if r.get("section") == "compaction"}
+    by = by_op_and_beam(rows)
     return [f"compaction @ {r['bank_size']:,}, expansion_add {beam}: search p99 {by[('search_during_compaction', beam)]['p99_us']:.0f} us "
             f"during, {by[('search_idle', beam)]['p99_us']:.0f} us idle; {r['s']:.2f} s, {r['cpu_per_row_us']:.0f} us CPU "
             f"a changed row ({r['changed_rows']:,}); recall@{r['k']} {r['recall_at_k']:.3f}"
@@ -102,7 +107,7 @@ def compaction_lines(rows: list[dict]) -> list[str]:
 def compaction_headline(rows: list[dict], default_beam: int) -> list[dict]:
     """At the bank's own beam: search p99 during a compaction over idle (target 2x at 1e5), and the
     compaction's CPU per changed row."""
-    by = {(r["op"], r["expansion_add"]): r for r in rows if r.get("section") == "compaction"}
+    by = by_op_and_beam(rows)
     if ("compaction", default_beam) not in by:
         return []
     idle, during, comp = (by[(op, default_beam)] for op in ("search_idle", "search_during_compaction", "compaction"))
