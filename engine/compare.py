@@ -27,7 +27,7 @@ from pathlib import Path
 
 from memr1.engine.config.stages import stage_name
 from memr1.engine.eval_split import run_eval
-from memr1.rl.task.eval.report import OP_ACCURACY_VARIANTS
+from memr1.rl.task.eval.scoring import OP_ACCURACY_VARIANTS
 from memr1.rl.task.eval.stats import ci_text, compare_reports
 
 ROWS = ("base", "warm", "trained", "control", "rs")

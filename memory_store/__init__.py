@@ -4,7 +4,7 @@ from memr1.memory_store.embed import CachedEmbedder, Embedder, HashEmbedder, Min
 from memr1.memory_store.errors import (BankBusy, BankError, BankFormatError, BankIOError, BankLocked, CorruptLog,
                                        InvalidInput, ReadOnlyBank, UnknownMemoryId)
 from memr1.memory_store.forks import search_forks
-from memr1.memory_store.records import Add, BankConfig, Delete, Memory, Noop, Op, Update
+from memr1.memory_store.schema import Add, BankConfig, Delete, Memory, Noop, Op, Update
 
 __all__ = ["MemoryBank", "SearchResult", "search_forks", "CachedEmbedder", "Embedder", "HashEmbedder", "MiniLMEmbedder", "default_embedder",
            "BankBusy", "BankError", "BankFormatError", "BankIOError", "BankLocked", "CorruptLog", "InvalidInput", "ReadOnlyBank",

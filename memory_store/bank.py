@@ -29,7 +29,7 @@ import numpy as np
 from memr1.memory_store import _core, compaction
 from memr1.memory_store.errors import BankError, UnknownMemoryId
 from memr1.memory_store.inputs import bulk_rows, check_k, check_open, check_search, iter_ops, make_config
-from memr1.memory_store.records import (FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, apply_op,
+from memr1.memory_store.schema import (FORMAT, VERSION, Add, BankConfig, Delete, Manifest, Memory, Noop, Update, apply_op,
                                         new_bank_id, replay)
 from memr1.memory_store.segment import SearchResult, Segment, memory_segment, state_over
 from memr1.memory_store.storage import (as_path, check_lock, clear_partial, leased, lock, new_folder, open_generation,

@@ -38,7 +38,7 @@ import numpy as np
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankBusy, BankError, BankIOError
-from memr1.memory_store.records import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
+from memr1.memory_store.schema import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
 from memr1.memory_store.segment import Segment, memory_segment
 from memr1.memory_store.segment_io import CarriedVectors
 from memr1.memory_store.storage import (check_lock, commit_generation, discard_generation, open_generation,

@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 
 from memr1.memory_store.errors import InvalidInput
-from memr1.memory_store.records import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM, BankConfig, Memory
+from memr1.memory_store.schema import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM, BankConfig, Memory
 from memr1.memory_store.storage import SYNC
 
 _FIELD = re.compile(r"at `\$\.(\w+)`")

@@ -13,7 +13,7 @@ import msgspec
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError
-from memr1.memory_store.records import FORMAT, VERSION, Manifest
+from memr1.memory_store.schema import FORMAT, VERSION, Manifest
 from memr1.memory_store.segment_io import read_regular
 
 # Far above what a bank writes (its config, a few checksums, graph orphan rows), far below what would

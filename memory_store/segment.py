@@ -32,7 +32,7 @@ import usearch.index  # noqa: F401,E402 - usearch after the system libstdc++, ab
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError, BankIOError
 from memr1.memory_store.graph import build_graph, fold_graph
-from memr1.memory_store.records import BankConfig, Memory
+from memr1.memory_store.schema import BankConfig, Memory
 from memr1.memory_store.segment_io import Settling, encode_memories, fsync_path, read_regular, settle, write_vectors
 
 _memories = msgspec.msgpack.Decoder(list[Memory])

@@ -13,7 +13,7 @@ import numpy as np
 
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankFormatError
-from memr1.memory_store.records import Memory
+from memr1.memory_store.schema import Memory
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -23,7 +23,7 @@ import msgspec
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankError, BankFormatError, BankIOError, BankLocked, InvalidInput
 from memr1.memory_store.manifest import read_manifest, write_manifest
-from memr1.memory_store.records import BankConfig, Manifest
+from memr1.memory_store.schema import BankConfig, Manifest
 from memr1.memory_store.segment import Previous, open_segment, write_segment
 from memr1.memory_store.segment_io import fsync_path
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from memr1.engine.config.run import load_config
 from memr1.engine.config.toml_out import dump_toml
-from memr1.rl.task.eval.report import aggregate, percentiles
+from memr1.rl.task.eval.scoring import aggregate, percentiles
 
 CATEGORIES = (1, 2, 3, 4)   # LoCoMo's numbering; rl/task/data/locomo.py names them
 

@@ -14,7 +14,7 @@ import pytest
 
 from bank_model import ModelBank, assert_same, model_after, op_stream
 from memr1.memory_store import Add, BankError, Delete, InvalidInput, MemoryBank, Noop, Update, compaction
-from memr1.memory_store.records import FORMAT, VERSION, Manifest, Memory, apply_op
+from memr1.memory_store.schema import FORMAT, VERSION, Manifest, Memory, apply_op
 from memr1.memory_store.segment import memory_segment, state_over
 from memr1.memory_store.segment_io import CarriedVectors, encode_memories, write_vectors
 

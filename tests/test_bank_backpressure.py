@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import Add, BankBusy, InvalidInput, MemoryBank, Noop
-from memr1.memory_store.records import MAX_COUNT
+from memr1.memory_store.schema import MAX_COUNT
 
 DIM = 4
 

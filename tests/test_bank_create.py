@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import Add, BankError, BankFormatError, InvalidInput, MemoryBank
-from memr1.memory_store.records import MAX_COUNT, MAX_EXPANSION, BankConfig
+from memr1.memory_store.schema import MAX_COUNT, MAX_EXPANSION, BankConfig
 
 DIM = 8
 BOUNDED = {"fsync_every": MAX_COUNT, "hnsw_threshold": MAX_COUNT, "auto_compact_min_rows": MAX_COUNT,

@@ -7,9 +7,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from memr1.memory_store import Add, BankFormatError, Delete, InvalidInput, MemoryBank, Noop, Update, _core, records
+from memr1.memory_store import Add, BankFormatError, Delete, InvalidInput, MemoryBank, Noop, Update, _core, schema
 from memr1.memory_store.manifest import read_manifest
-from memr1.memory_store.records import MAX_MEMORY_SOURCES, MAX_OP_SOURCES, MAX_SOURCE_BYTES
+from memr1.memory_store.schema import MAX_MEMORY_SOURCES, MAX_OP_SOURCES, MAX_SOURCE_BYTES
 
 DIM = 4
 
@@ -262,7 +262,7 @@ def test_a_memory_holds_at_most_max_memory_sources(tmp_path):
 
 
 def test_the_bounds_are_the_native_cores():
-    assert (records.MAX_OP_SOURCES, records.MAX_SOURCE_BYTES, records.MAX_MEMORY_SOURCES) == (
+    assert (schema.MAX_OP_SOURCES, schema.MAX_SOURCE_BYTES, schema.MAX_MEMORY_SOURCES) == (
         _core.MAX_OP_SOURCES, _core.MAX_SOURCE_BYTES, _core.MAX_MEMORY_SOURCES)
 
 

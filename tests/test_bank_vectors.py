@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from memr1.memory_store import Add, BankError, InvalidInput, MemoryBank, Noop, Update, _core
-from memr1.memory_store.records import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM
+from memr1.memory_store.schema import MAX_NORM, MAX_SPEAKER_BYTES, MAX_TIMESTAMP_BYTES, MIN_NORM
 
 DIM = 16
 

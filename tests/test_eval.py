@@ -12,7 +12,7 @@ from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.task.banks import safe_name
 from memr1.rl.task.data import load_conversations
 from memr1.rl.task.eval.evaluation import EvalConfig, evaluate, table, write_report
-from memr1.rl.task.eval.report import match_facts
+from memr1.rl.task.eval.scoring import match_facts
 from memr1.rl.task.eval.judging import Judge, JudgeConfig
 from memr1.rl.task.turns import Task
 

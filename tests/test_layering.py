@@ -8,7 +8,9 @@ blocks are left out, as they never run.
     engine/                   its folders in the order engine/__init__.py declares (bottom up), each
                               importing only the folders below it, never engine's top files
     bench/                    imported by nothing of the package
-and no import cycle anywhere. engine's command modules (those engine/cli.py's HANDLERS name: train,
+and no import cycle anywhere. One name per file across the package's layers: a module's file name
+is nowhere else in memory_store/, kernels/, rl/ or engine/, except the per-package conventions
+(`config.py`, `errors.py`); bench/ names each file after what it measures, so it is left out. engine's command modules (those engine/cli.py's HANDLERS name: train,
 evaluate, rollout, rollout_report) are imported by nothing of ours: cli.py reaches each by name, and
 what two commands share lives below them (assembly.py, the folders), so commands stay siblings.
 """
@@ -176,6 +178,23 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+CONVENTIONS = {"__init__", "config", "errors"}
+
+
+def name_clashes(paths) -> dict[str, list[str]]:
+    """File names (stem) held by more than one module, conventions aside."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.suffix == ".py" and path.stem not in CONVENTIONS:
+            by_name.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    return {n: sorted(ps) for n, ps in by_name.items() if len(ps) > 1}
+
+
+def test_one_name_per_file_across_layers():
+    clashes = name_clashes(p for p in our_modules().values() if not p.relative_to(ROOT).parts[0] == "bench")
+    assert not clashes, clashes
+
+
 def test_layers_import_downward_only():
     bad = violations(graph(), engine_folders())
     assert not bad, "\n".join(bad)
@@ -211,6 +230,8 @@ def test_the_checks_see_what_they_forbid():
                            "memr1.engine.assembly": {"memr1.engine.loop"}}, commands)
     assert [b.split(":")[0] for b in got] == ["memr1.engine.rollout -> memr1.engine.train"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    made_up = [ROOT / f for f in ("rl/records.py", "memory_store/records.py", "rl/config.py", "engine/config.py")]
+    assert name_clashes(made_up) == {"records": ["memory_store/records.py", "rl/records.py"]}
     src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memr1.engine import loop\n"
            "def f():\n    from memr1.engine import train\n")
     names = [a.name for n in runtime_nodes(ast.parse(src)) if isinstance(n, ast.ImportFrom) for a in n.names]

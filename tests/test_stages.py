@@ -23,7 +23,7 @@ from memr1.rl.task.facts import oracle_facts
 from memr1.rl.task.data import load_conversations
 from memr1.rl.task.data.synthetic import call_ops
 from memr1.rl.task.eval.evaluation import EvalConfig, evaluate
-from memr1.rl.task.eval.report import oracle_scores
+from memr1.rl.task.eval.scoring import oracle_scores
 from scripted import ScriptedGenerator
 from memr1.rl.generation import Completion, SamplingConfig
 from memr1.rl.task.train_items import ItemsConfig, answer_items, manager_calls, manager_items, oracle_bank

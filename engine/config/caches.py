@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from memr1.engine.config.run import RunConfig
-from memr1.memory_store.records import VERSION as BANK_FORMAT
+from memr1.memory_store.schema import VERSION as BANK_FORMAT
 from memr1.rl.task.agents.extract import PROMPT_ID
 
 

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from memr1.engine.observe.throughput import phase_seconds
 from memr1.rl.fileio import write_atomic
-from memr1.rl.task.eval.report import TABLE_ORDER
+from memr1.rl.task.eval.scoring import TABLE_ORDER
 
 DPI = 90
 CATEGORIES = (*TABLE_ORDER, "overall")

@@ -202,7 +202,7 @@ def _manager_steps(builds, dirs, generator, embedder, cfg, batch_size, latencies
 
 def touched_memories(bank, outcome) -> list[list[str]]:
     """[event, text of the memory it changes] of each UPDATE and DELETE of a manager outcome: which
-    memory an op hit, for op accuracy that checks ids (rl/task/eval/report.py)."""
+    memory an op hit, for op accuracy that checks ids (rl/task/eval/scoring.py)."""
     from memr1.memory_store import Delete, Update
 
     out = []

@@ -118,7 +118,7 @@ def parse_turn(raw: dict, timestamp: str, where: str) -> Turn:
     dia_id = _need(raw, "dia_id", str, where)
     # Memories record their turn ids (evidence recall), which the bank bounds. Imported here: the GPU
     # learner path imports this package's configs and must not load the native bank.
-    from memr1.memory_store.records import MAX_SOURCE_BYTES
+    from memr1.memory_store.schema import MAX_SOURCE_BYTES
     try:
         size = len(dia_id.encode("utf-8"))
     except UnicodeError:

@@ -28,7 +28,7 @@ from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.task.banks import generate_all, limit_turns, run_manager, safe_name, text_of
 from memr1.rl.task.facts import facts_for
 from memr1.rl.task.data.locomo import CATEGORY_NAMES
-from memr1.rl.task.eval.report import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
+from memr1.rl.task.eval.scoring import aggregate, format_table, oracle_scores, percentiles, summarize_oracle
 from memr1.rl.task.evidence import evidence_misses, fact_turns_of, miss_rate, stored_turns
 from memr1.rl.generation import SamplingConfig, hit_cap
 from memr1.rl.task.train_items import oracle_bank

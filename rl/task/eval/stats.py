@@ -18,7 +18,7 @@ would have zero width and look certain. Those results keep the point estimate an
 """
 import numpy as np
 
-from memr1.rl.task.eval.report import OP_ACCURACY_VARIANTS
+from memr1.rl.task.eval.scoring import OP_ACCURACY_VARIANTS
 
 RESAMPLES = 2000
 ONE_CLUSTER = "n/a (one conversation)"   # what a clustered interval over a single cluster prints
@@ -112,7 +112,7 @@ def paired_bootstrap_ratio(num_a, den_a, num_b, den_b, resamples: int = RESAMPLE
 def compare_reports(a: dict, b: dict, resamples: int = RESAMPLES, seed: int = 0, cluster: bool = True) -> dict:
     """Paired differences b - a (in points) between two eval reports of one split: EM, F1 and BLEU-1
     over the questions both answered, and op accuracy over the manager calls both made (see
-    rl/task/eval/report.py for its variants). With `cluster`, conversations are resampled (module doc)."""
+    rl/task/eval/scoring.py for its variants). With `cluster`, conversations are resampled (module doc)."""
     key = lambda r: (r["sample_id"], r["question"])
     theirs = {key(r): r for r in b.get("answers", [])}
     pairs = [(r, theirs[key(r)]) for r in a.get("answers", []) if key(r) in theirs]
