@@ -33,7 +33,7 @@ def answer_rows(stage, steps: int) -> list[dict]:
 
     items = [it for s in range(steps) for it in step_items(stage.items, s, stage.cfg.prompts_per_step)]
     prompts = answer_prompts([AnswerRequest(it.bank, it.question.question, it.speakers) for it in items],
-                             stage.embedder, stage.task.answer)
+                             stage.ctx.embedder, stage.ctx.task.answer)
     return [{"prompt": p, "gold": it.question.answer, "question": it.question.question}
             for p, it in zip(prompts, items)]
 
@@ -64,8 +64,8 @@ class Counts:
         from memr1.rl.task.stages.calls import score_answers
 
         texts = [c[-1]["content"] for c in completions]
-        parsed, scores = score_answers(texts, gold, question, self.stage.task.answer, self.stage.reward, None)
-        rewards = [sum(answer_reward(s, p.has_answer_tag, self.stage.reward).values()) for p, s in zip(parsed, scores)]
+        parsed, scores = score_answers(texts, gold, question, self.stage.ctx.task.answer, self.stage.ctx.reward, None)
+        rewards = [sum(answer_reward(s, p.has_answer_tag, self.stage.ctx.reward).values()) for p, s in zip(parsed, scores)]
         g = self.stage.cfg.group_size  # TRL's sampler puts a prompt's G completions next to each other
         lengths = [len(ids) for ids in completion_ids]
         live = sum(sum(lengths[i:i + g]) for i in range(0, len(rewards), g) if len(set(rewards[i:i + g])) > 1)
@@ -147,8 +147,8 @@ class TrlSide:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.rows = answer_rows(stage, steps)
         p, g = stage.cfg.prompts_per_step, stage.cfg.group_size
-        new = stage.task.answer.max_new_tokens
-        s, loss = stage.rollout_sampling, learner_cfg.loss
+        new = stage.ctx.task.answer.max_new_tokens
+        s, loss = stage.ctx.sampling, learner_cfg.loss
         longest = max(len(ids) for ids in self.prompt_ids([r["prompt"] for r in self.rows]))
         micro = micro_size(p * g, longest + new, learner_cfg.micro_batch_tokens)
         # Matched to memr1: completions per step, group size, budget, sampling, loss (dapo is TRL's token

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from memr1.bench.common import status_mb
+from memr1.rl.task.stages.context import StageContext
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
 
@@ -24,7 +25,7 @@ def generation_problem() -> str | None:
     try:
         from memr1.rl.task.stages.episode import EpisodeStage
         from memr1.rl.task.episodes import EpisodeConfig
-        inspect.signature(EpisodeStage).bind(*range(8), seed=0)
+        inspect.signature(EpisodeStage).bind(*range(5))
         inspect.signature(EpisodeStage.rollout).bind(None, 0, None)
         missing = {"sessions", "inner_n", "curriculum"} - set(EpisodeConfig.__struct_fields__)
         return f"EpisodeConfig has no {sorted(missing)}" if missing else None
@@ -33,8 +34,8 @@ def generation_problem() -> str | None:
 
 
 def generation_error(problem: str) -> str:
-    return ("error: --generation needs memr1.rl.task.stages.episode.EpisodeStage(items_for, frozen_answer, embedder, "
-            "cfg, rollout, task, reward, episode, seed=) with .frozen, .embedder, .cfg.group_size, "
+    return ("error: --generation needs memr1.rl.task.stages.episode.EpisodeStage(items_for, frozen_answer, ctx, "
+            "cfg, episode) with .frozen, .ctx.embedder, .cfg.group_size, "
             f".episode.inner_n and .rollout(step, generator).metrics holding {', '.join(METRICS)}; {problem}")
 
 
@@ -73,7 +74,7 @@ def timed_rollout(stage, policy) -> dict:
     calls and embedding timed apart; the class and objects are restored after."""
     from memr1.memory_store import MemoryBank
     gen, bank, emb = Clock(), Clock(), Clock()
-    saved, frozen, embedder = {n: MemoryBank.__dict__[n] for n in BANK_CALLS}, stage.frozen, stage.embedder
+    saved, frozen, embedder = {n: MemoryBank.__dict__[n] for n in BANK_CALLS}, stage.frozen, stage.ctx.embedder
     for n, f in saved.items():   # __iter__ lists its memories inside the timer
         setattr(MemoryBank, n, bank.wrap(f if n != "__iter__" else lambda self, f=f: iter(list(f(self)))))
     stage.frozen, embedder.embed = TimedGenerator(frozen, gen), emb.wrap(embedder.embed)
@@ -116,9 +117,9 @@ def generation_child(out: str, group: int = 4, sessions: int = 2, inner_n: int =
     gen = make_generator(cfg.generator, run.seed)
     gen.generate([[{"role": "user", "content": "Hello"}]], 1, GREEDY.with_tokens(4))  # warm-up, untimed
     episode = msgspec.structs.replace(cfg.episode, sessions=sessions, inner_n=inner_n, curriculum=[])
-    stage = EpisodeStage(lambda s: items, gen, make_embedder(cfg), StageConfig(steps=1, prompts_per_step=1,
-                         group_size=group), run.rollout_sampling("manager"), run.task, cfg.reward, episode,
-                         seed=run.seed)
+    ctx = StageContext(make_embedder(cfg), run.task, cfg.reward, run.rollout_sampling("manager"), seed=run.seed)
+    stage = EpisodeStage(lambda s: items, gen, ctx, StageConfig(steps=1, prompts_per_step=1, group_size=group),
+                         episode)
     try:
         row = timed_rollout(stage, gen)
     except LookupError as e:   # renamed metrics: the one change generation_problem cannot see before a step

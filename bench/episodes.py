@@ -186,7 +186,7 @@ def row_of(impl: str, sh: Shape, runs: list[dict]) -> dict:
 
 
 BASELINES = (("pickle_snapshots", "pickle"), ("deepcopy", "deepcopy"), ("cow_numpy", "cow"))
-TARGET_S = 32   # issue 64: at S = 32, memr1's snapshot cost >= 2x the copy-on-write bank's, its RSS growth <= its
+TARGET_S = 32   # the target: at S = 32, memr1's snapshot cost >= 2x the copy-on-write bank's, its RSS growth <= its
 
 
 def headline(mine: dict, sessions: int) -> list[dict]:

@@ -5,7 +5,7 @@
 IMPL: naive, trl_selective_log_softmax, trl_chunked, memr1_torch or memr1_triton. It times forward + backward of
 sum(log-probs) of a [B*T, H] x [V, H] head: the peak memory of the first call (CPU: the rise of VmHWM
 over VmRSS before it; CUDA: max_memory_allocated over the allocation before), then the median of
-bench.kernels.MIN_CALLS more, and saves {lp, gh, gw, peak_mb, ms} (or {skipped}) to PATH with
+bench.kernel_timing.MIN_CALLS more, and saves {lp, gh, gw, peak_mb, ms} (or {skipped}) to PATH with
 torch.save for the parent to check against its float64 reference.
 """
 import argparse
@@ -17,7 +17,7 @@ import torch
 
 from memr1.bench import kernel_baselines as base
 from memr1.bench.common import status_mb
-from memr1.bench.kernels import MIN_CALLS, cuda_ms
+from memr1.bench.kernel_timing import MIN_CALLS, cuda_ms
 from memr1.kernels import logprobs
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from memr1.bench.common import headline_entry, print_table, random_llama, write_json
 from memr1.engine.preload import preload
+from memr1.rl.task.stages.context import StageContext
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
 ORDER = (0, 1, 1, 0)  # staleness of leg i is ORDER[i % 4]
@@ -47,9 +48,7 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     from memr1.memory_store import HashEmbedder
     from memr1.rl.task.agents.answer import AnswerConfig
     from memr1.rl.task.data import load_conversations
-    from memr1.rl.generation import SamplingConfig
     from memr1.rl.task.train_items import answer_items, oracle_bank
-    from memr1.rl.task.rewards import RewardConfig
     from memr1.rl.task.stages.calls import AnswerStage, StageConfig
     from memr1.rl.task.turns import Task
 
@@ -61,8 +60,8 @@ def tiny_setup(folder: str, quick: bool) -> Setup:
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, seed=0)
     gen = make_generator(GeneratorConfig(backend="hf", model=str(model), max_model_len=4096))
     answer = AnswerConfig(top_k_per_speaker=memories, max_new_tokens=new_tokens)
-    stage = AnswerStage(items, embedder, StageConfig(prompts_per_step=prompts, group_size=4), SamplingConfig(),
-                        Task(answer=answer), RewardConfig())
+    stage = AnswerStage(items, StageContext(embedder, Task(answer=answer)),
+                        StageConfig(prompts_per_step=prompts, group_size=4))
     settings = {"backend": "hf", "stage": "answer", "prompts_per_step": prompts, "group_size": 4,
                 "max_new_tokens": new_tokens, "top_k_per_speaker": memories, "lr": 1e-5,
                 "learner": "LearnerConfig() defaults"}
@@ -88,7 +87,7 @@ def smollm2_setup(dtype: str | None = None) -> Setup:
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
     gcfg = cfg.generator if dtype is None else msgspec.structs.replace(cfg.generator, dtype=dtype)
     gen = make_generator(gcfg, run.seed)
-    stage = AnswerStage(items, embedder, scfg, run.rollout_sampling("answer"), run.task, cfg.reward)
+    stage = AnswerStage(items, StageContext(embedder, run.task, cfg.reward, run.rollout_sampling("answer")), scfg)
     backend = "vllm" if type(gen).__name__ == "VLLMGenerator" else "hf"  # generator.backend = "auto" picks one
     settings = {"backend": backend, "stage": "answer", "prompts_per_step": scfg.prompts_per_step,
                 "group_size": scfg.group_size, "max_new_tokens": cfg.answer.max_new_tokens, "lr": scfg.lr,

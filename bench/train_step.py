@@ -197,7 +197,7 @@ def run_group_size(args, trainers: list[str], settings: dict, path: str, tmp: st
     return rows, agreement
 
 
-# (ours, baseline, target, what): the headline's pairs; the targets issue 33 set.
+# (ours, baseline, target, what): the headline's pairs and their targets.
 PAIRS = (("memr1_noshare", "trl_compact", 1.0, "the same batch and the same arithmetic: every sequence its own "
           "row, the LM head on completion positions only"),
          ("memr1", "trl", 1.5, "the same batch, each trainer as it ships: memr1 shares each group's prompt"))

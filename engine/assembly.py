@@ -89,6 +89,9 @@ def make_stage(ctx: RunContext, name: str, latest: dict, val: bool = False, prob
     items = ctx.val_items if val else ctx.items
     role, scfg = n.role, run.stage(name)
     bank_manager = pick(cfg.stage.bank_manager, latest, "manager", run.base_model)
+    if cfg.rollout.replay and not (val or probe):   # recorded rollouts instead of generated ones
+        from memr1.engine.replay import ReplayStage, read_recording
+        return ReplayStage(name, read_recording(list(cfg.rollout.replay)).steps, run.rank, run.world)
     if n.scripted:
         return warm_stage(ctx, name, items, bank_manager)
     sampling = run.rollout_sampling(role)
@@ -106,12 +109,10 @@ def make_stage(ctx: RunContext, name: str, latest: dict, val: bool = False, prob
         frozen = ctx.swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
         hint_n = getattr(scfg, "hints", 0)   # a control's settings carry no hints
         hints = Hints(hint_n, items.by_id, run.task.manager.list_unchanged) if not val and hint_n else None
-        stage = ManagerStage(its, frozen, ctx.embedder, scfg, sampling, run.task, cfg.reward, judge, run.rank,
-                             run.world, hints, refill)
+        stage = ManagerStage(its, frozen, stage_context(ctx, sampling, judge), scfg, hints, refill)
         stage.item_stats = items.manager_stats(name, bank_manager)
     else:
-        stage = AnswerStage(its, ctx.embedder, scfg, sampling, run.task, cfg.reward, judge, run.rank, run.world,
-                            refill)
+        stage = AnswerStage(its, stage_context(ctx, sampling, judge), scfg, refill)
     return RejectionStage(stage, name) if n.kind == "rs" and not (val or probe) else stage
 
 
@@ -125,7 +126,7 @@ def warm_stage(ctx: RunContext, name: str, items, bank_manager: Path):
         its, convs = items.format_pool(n.role, scfg.pool_seed, scfg.examples)
     else:
         its, convs = rl_items(items, n.of("rl") if n.kind == "control" else name, bank_manager), items.by_id
-    return WarmStage(n.role, its, convs, ctx.embedder, ctx.tokenizer, scfg, run.task, run.rank, run.world, name)
+    return WarmStage(n.role, its, convs, stage_context(ctx), ctx.tokenizer, scfg, name)
 
 
 def episode_stage(ctx: RunContext, latest: dict, judge, val: bool):
@@ -142,8 +143,17 @@ def episode_stage(ctx: RunContext, latest: dict, judge, val: bool):
         episode = msgspec.structs.replace(episode, reroll_prob=0.0)
     items = ctx.val_items if val else ctx.items
     frozen = ctx.swap.view(pick(cfg.stage.frozen_answer, latest, "answer", run.base_model))
-    return EpisodeStage(items.episodes, frozen, ctx.embedder, scfg, sampling, run.task, cfg.reward, episode, judge,
-                        run.rank, run.world, run.seed, validation=val)
+    return EpisodeStage(items.episodes, frozen, stage_context(ctx, sampling, judge), scfg, episode, validation=val)
+
+
+def stage_context(ctx: RunContext, sampling=None, judge=None):
+    """What a stage shares with the run (rl/task/stages/context.py), with its role's sampling."""
+    from memr1.rl.generation import SamplingConfig
+    from memr1.rl.task.stages.context import StageContext
+
+    run = ctx.run
+    return StageContext(ctx.embedder, run.task, ctx.cfg.reward, sampling or SamplingConfig(), judge, run.rank,
+                        run.world, run.seed)
 
 
 def rl_items(items, name: str, bank_manager: Path, probe: bool = False) -> list:

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from memr1.engine.assembly import cli_models, make_stage, open_context
-from memr1.engine.checkpoints.files import CheckpointError, weights_digest
+from memr1.engine.checkpoints.files import CheckpointError, tokenizer_digest, weights_digest
 from memr1.engine.config.errors import ConfigError
 from memr1.engine.config.resolve import resolve
 from memr1.engine.config.run import load_config
@@ -140,6 +140,7 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
     used = {r: models[r] for r in ("manager", "answer") if r in models}
     what = {"stage": name, "split": split, "items": items_n, "world": world, "config": msgspec.to_builtins(cfg),
             # each checked and hashed before any weight of it is used (checkpoints/files.py)
+            "tokenizer": tokenizer_digest(run.base_model),   # --from-rollouts replays under the same ids only
             "models": {"base": weights_digest(run.base_model, "base model"),
                        **{r: weights_digest(p, f"{r} checkpoint") for r, p in used.items()}}}
     barrier = torch_barrier if world > 1 else (lambda: None)
@@ -161,7 +162,7 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
         pool = stage.items_for(stage.phase(0).sessions) if stage_name(name).kind == "episode" else stage.items
         per_step = run.stage(name).prompts_per_step
         steps = math.ceil((items_n or len(pool)) / per_step)
-        base_sampling = stage.rollout_sampling
+        base = stage.ctx
         totals = {"steps": 0, "skipped": 0, "rows": 0, "response_tokens": 0, "forks": 0, "bank_ops": 0,
                   "step_s": 0.0, "write_s": 0.0}
         setup_s, t_loop = time.perf_counter() - t_start, time.perf_counter()
@@ -169,7 +170,7 @@ def rollouts(cfg, name: str, split: str, models: dict, items_n: int | None, say=
             if done(out, step, rank):
                 totals["skipped"] += 1
                 continue
-            stage.rollout_sampling = msgspec.structs.replace(base_sampling, seed=step_seed(cfg.seed, step))
+            stage.ctx = base.with_sampling(msgspec.structs.replace(base.sampling, seed=step_seed(cfg.seed, step)))
             t0 = time.perf_counter()
             result = stage.rollout(step, policy)
             t1 = time.perf_counter()

@@ -19,6 +19,7 @@ from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import AnswerStage, ManagerStage, StageConfig
 from memr1.rl.task.turns import Task
 from memr1.rl.task.stages.warm import WarmStage
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64),
@@ -74,18 +75,19 @@ def batches() -> dict:
     a_items = answer_items(convs[:3], {c.sample_id: oracle_bank(None, c, embedder) for c in convs[:3]}, seed=0)
     reward = RewardConfig(kind="f1")
     sampling = SamplingConfig()
-    manager = ManagerStage(m_items, _Answerer(convs), embedder, cfg, sampling, TASK, reward)
+    ctx = StageContext(embedder, TASK, reward, sampling)
+    manager = ManagerStage(m_items, _Answerer(convs), ctx, cfg)
     m_rollout = manager.rollout(0, ScriptedGenerator(reply=_manager_reply))
-    answer = AnswerStage(a_items, embedder, cfg, sampling, TASK, reward)
+    answer = AnswerStage(a_items, ctx, cfg)
     a_rollout = answer.rollout(0, _Answerer(convs))
     e_items = episode_items(convs, facts, 2, sessions=2)[:2]
-    episode = EpisodeStage(lambda s: e_items, _Answerer(convs), embedder,
-                           StageConfig(steps=1, prompts_per_step=2, group_size=4), sampling, TASK, reward,
+    episode = EpisodeStage(lambda s: e_items, _Answerer(convs), ctx,
+                           StageConfig(steps=1, prompts_per_step=2, group_size=4),
                            EpisodeConfig(sessions=2, inner_n=3, reroll_prob=1.0, compression=0.05,
-                                         global_weight=0.3, local_weight=0.7), seed=0)
+                                         global_weight=0.3, local_weight=0.7))
     e_rollout = episode.rollout(0, ScriptedGenerator(reply=_manager_reply))
-    warm = WarmStage("answer", a_items, {c.sample_id: c for c in convs}, embedder, _Tokenizer(),
-                     StageConfig(steps=1, prompts_per_step=3, group_size=1), TASK)
+    warm = WarmStage("answer", a_items, {c.sample_id: c for c in convs}, ctx, _Tokenizer(),
+                     StageConfig(steps=1, prompts_per_step=3, group_size=1))
     w_rollout = warm.rollout(0, ScriptedGenerator())
     return {"manager": m_rollout.batch, "answer": a_rollout.batch, "episode": e_rollout.batch,
             "warm": w_rollout.batch, "rs": rejection_batch(m_rollout).batch}

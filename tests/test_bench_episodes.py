@@ -27,10 +27,9 @@ from memr1.rl.task.data import load_conversations
 from memr1.rl.task.stages.episode import EpisodeStage
 from memr1.rl.task.episodes import EpisodeConfig, episode_items
 from memr1.rl.task.facts import oracle_facts
-from memr1.rl.generation import SamplingConfig
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import StageConfig
 from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 KEYS = {"impl", "sessions", "group", "inner_n", "episodes_per_s", "peak_rss_mb", "rss_growth_mb", "snapshot_s",
@@ -172,8 +171,9 @@ def test_timed_rollout_splits_the_time_and_restores_what_it_wrapped():
     embedder, frozen = HashEmbedder(64), ScriptedGenerator(["Answer: none"])
     task = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64),
                 answer=AnswerConfig(max_new_tokens=4, distill=False))
-    stage = EpisodeStage(lambda s: items, frozen, embedder, StageConfig(steps=1, prompts_per_step=1, group_size=2),
-                         SamplingConfig(), task, RewardConfig(), EpisodeConfig(sessions=2, inner_n=2, reroll_prob=1.0))
+    stage = EpisodeStage(lambda s: items, frozen, StageContext(embedder, task),
+                         StageConfig(steps=1, prompts_per_step=1, group_size=2),
+                         EpisodeConfig(sessions=2, inner_n=2, reroll_prob=1.0))
     policy = ScriptedGenerator([json.dumps({"memory": [{"id": "90", "text": "a note", "event": "ADD"}]})])
     before = {n: MemoryBank.__dict__[n] for n in BANK_CALLS}
     row = timed_rollout(stage, policy)
@@ -187,7 +187,7 @@ def test_timed_rollout_splits_the_time_and_restores_what_it_wrapped():
 
 def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(tmp_path, monkeypatch, capsys):
     class Moved:
-        def __init__(self, items_for, frozen_answer, embedder, cfg, *, seed=0):   # lost rollout, task, ...
+        def __init__(self, items_for, frozen_answer, ctx, *, seed=0):   # lost cfg and episode
             pass
     monkeypatch.setattr(memr1.rl.task.stages.episode, "EpisodeStage", Moved)
 
@@ -203,7 +203,7 @@ def test_generation_with_a_changed_stage_api_fails_in_one_line_before_the_grid(t
 
 def test_timed_rollout_restores_what_it_wrapped_when_the_metrics_moved():
     frozen, embedder = ScriptedGenerator(["x"]), HashEmbedder(8)
-    stage = SimpleNamespace(frozen=frozen, embedder=embedder, cfg=StageConfig(steps=1, group_size=2),
+    stage = SimpleNamespace(frozen=frozen, ctx=SimpleNamespace(embedder=embedder), cfg=StageConfig(steps=1, group_size=2),
                             episode=EpisodeConfig(), rollout=lambda step, gen: SimpleNamespace(metrics={"sessions": 1}))
     before = {n: MemoryBank.__dict__[n] for n in BANK_CALLS}
     with pytest.raises(LookupError, match="gen_s"):

@@ -14,7 +14,6 @@ from memr1.rl.task.episodes import (EpisodeConfig, Phase, compression_penalty, e
                                session_reward)
 from memr1.rl.task.facts import oracle_facts
 from memr1.rl.task.train_items import deciding_turn
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import StageConfig
 from memr1.rl.task.turns import Task
 from memr1.rl.algos.advantages import advantages
@@ -22,7 +21,7 @@ from memr1.rl.algos.config import GRPOConfig
 from memr1.rl.records import Credit, Group, TrainBatch
 from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.agents.manager import ManagerConfig
-from memr1.rl.generation import SamplingConfig
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 CONVS = load_conversations(None, 10, split="train")
@@ -106,8 +105,8 @@ def stage_for(items, policy_cfg=None, **episode):
                 answer=AnswerConfig(max_new_tokens=4, distill=False))
     cfg = EpisodeConfig(**{"sessions": 2, "inner_n": 3, "reroll_prob": 1.0, **episode})
     frozen = ScriptedGenerator(["Answer: none"])
-    return EpisodeStage(lambda s: items, frozen, embedder, StageConfig(steps=1, prompts_per_step=1, group_size=4),
-                        SamplingConfig(), task, RewardConfig(), cfg, seed=0)
+    return EpisodeStage(lambda s: items, frozen, StageContext(embedder, task),
+                        StageConfig(steps=1, prompts_per_step=1, group_size=4), cfg)
 
 
 def test_a_reroll_starts_from_its_episodes_snapshot_and_never_changes_it():

@@ -14,14 +14,14 @@ from memr1.rl.task.agents.manager import ManagerConfig, reply_item
 from memr1.rl.algos.config import LossConfig
 from memr1.rl.task.data import load_conversations
 from memr1.rl.task.facts import oracle_facts
-from memr1.rl.generation import Completion, SamplingConfig, chat_prompt_ids
+from memr1.rl.generation import Completion, chat_prompt_ids
 from memr1.rl.task.hints import Hints, hint_prefix
 from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
 from memr1.rl.algos.losses import Denom, policy_loss
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerRLConfig, ManagerStage
 from memr1.rl.task.turns import Task, manager_turns
 from memr1.rl.task.stages.warm import manager_target
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=64, list_unchanged=False),
@@ -78,9 +78,8 @@ def test_hinted_completions_continue_the_oracle_prefix_and_are_marked_for_the_lo
         ids = chat_prompt_ids(tokenizer, turns[i].prompt.messages) + tokenizer.encode(prefix, add_special_tokens=False)
         rests[tuple(ids)] = targets[i][len(prefix):]
     policy, G, n = Policy(tokenizer, rests), 5, 2
-    stage = ManagerStage(picked, ScriptedGenerator(["Answer: none"]), embedder,
-                         ManagerRLConfig(prompts_per_step=6, group_size=G, hints=n), SamplingConfig(), TASK,
-                         RewardConfig(), hints=Hints(n, by_id, False))
+    stage = ManagerStage(picked, ScriptedGenerator(["Answer: none"]), StageContext(embedder, TASK),
+                         ManagerRLConfig(prompts_per_step=6, group_size=G, hints=n), hints=Hints(n, by_id, False))
     rollout = stage.rollout(0, policy)
 
     assert [k for _, k in policy.calls] == [G - n, n]   # nothing sampled and thrown away

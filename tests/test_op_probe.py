@@ -16,6 +16,7 @@ from memr1.rl.task.eval.op_probe import VARIANTS, op_visibility, wrong_replies
 from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerStage, StageConfig
 from memr1.rl.task.turns import Task, apply_outcomes, decide, manager_turns
+from memr1.rl.task.stages.context import StageContext
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, list_unchanged=False)
 
@@ -91,9 +92,9 @@ class EchoAnswerer:
 
 def test_the_probe_scores_every_variant_through_the_stage():
     embedder, convs, items = setup_items()
-    stage = ManagerStage(items, EchoAnswerer(), embedder, StageConfig(steps=1, prompts_per_step=1, group_size=1),
-                         None, Task(manager=MANAGER, answer=AnswerConfig(top_k_per_speaker=5, distill=False)),
-                         RewardConfig(kind="f1"))
+    task = Task(manager=MANAGER, answer=AnswerConfig(top_k_per_speaker=5, distill=False))
+    stage = ManagerStage(items, EchoAnswerer(), StageContext(embedder, task, RewardConfig(kind="f1")),
+                         StageConfig(steps=1, prompts_per_step=1, group_size=1))
     found = op_visibility(stage, items[:60], {c.sample_id: c.oracle for c in convs})
     assert set(found) == set(VARIANTS)
     for v, r in found.items():

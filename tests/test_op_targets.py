@@ -8,11 +8,10 @@ from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.task.data import load_conversations
 from memr1.rl.task.facts import oracle_facts
-from memr1.rl.generation import SamplingConfig
 from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerStage, StageConfig
 from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 SHOWN = ["Caroline has two dogs", "Mel lives in Paris", "Caroline plays piano"]
@@ -40,8 +39,9 @@ def test_a_manager_rollout_records_what_the_measure_needs():
     specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, cfg.turns_per_call)
     items = [it for it in manager_items(specs, [oracle_bank(s, s.conv, emb) for s in specs], ItemsConfig(), seed=0)
              if len(it.bank) >= 2][:1]
-    stage = ManagerStage(items, ScriptedGenerator(["Answer: x"]), emb, StageConfig(prompts_per_step=1, group_size=1),
-                         SamplingConfig(), Task(manager=cfg, answer=AnswerConfig(max_new_tokens=4)), RewardConfig())
+    stage = ManagerStage(items, ScriptedGenerator(["Answer: x"]),
+                         StageContext(emb, Task(manager=cfg, answer=AnswerConfig(max_new_tokens=4))),
+                         StageConfig(prompts_per_step=1, group_size=1))
     policy = ScriptedGenerator()
     shown = {}
 

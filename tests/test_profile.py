@@ -25,9 +25,9 @@ from memr1.rl.task.data import load_conversations
 from memr1.rl.generation import SamplingConfig
 from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
 from memr1.rl.records import Rollout
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerStage, StageConfig
 from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.context import StageContext
 
 MANAGER = ManagerConfig(top_k=5, turns_per_call=2, max_new_tokens=8)
 
@@ -39,9 +39,9 @@ def test_one_tiny_cpu_step_traces_every_named_range(tmp_path, tiny_model):
     specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, MANAGER.turns_per_call)
     items = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), seed=0)
     gen_cfg = GeneratorConfig(backend="hf", model=str(folder), max_model_len=2048)
-    stage = ManagerStage(items, make_generator(gen_cfg), embedder, StageConfig(prompts_per_step=2, group_size=2),
-                         SamplingConfig(max_new_tokens=8), Task(manager=MANAGER, answer=AnswerConfig(max_new_tokens=4)),
-                         RewardConfig())
+    ctx = StageContext(embedder, Task(manager=MANAGER, answer=AnswerConfig(max_new_tokens=4)),
+                       sampling=SamplingConfig(max_new_tokens=8))
+    stage = ManagerStage(items, make_generator(gen_cfg), ctx, StageConfig(prompts_per_step=2, group_size=2))
     learner = Learner(LearnerConfig(), str(folder), lr=1e-4)
     prof = StepProfiler([1], tmp_path / "profile" / "manager")
     metrics = []

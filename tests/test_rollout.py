@@ -20,13 +20,12 @@ from memr1.rl.task.data import load_conversations
 from memr1.rl.task.stages.episode import EpisodeStage
 from memr1.rl.task.episodes import EpisodeConfig, episode_items
 from memr1.rl.task.facts import oracle_facts
-from memr1.rl.generation import SamplingConfig
 from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerStage, StageConfig
 from memr1.rl.task.turns import Task, manager_turns
 from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.agents.manager import ManagerConfig
+from memr1.rl.task.stages.context import StageContext
 from run_helpers import env, free_port, overrides
 from scripted import ScriptedGenerator
 
@@ -51,8 +50,8 @@ def test_each_shard_row_is_the_completion_of_the_stage_rollout_it_came_from(tmp_
     every = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), 0)
     turns = manager_turns([(it.bank, it.call) for it in every], embedder, TASK.manager)
     items = [it for it, t in zip(every, turns) if t.prompt.bank_ids][:2]   # prompts that show a memory
-    stage = ManagerStage(items, ScriptedGenerator(["Answer: none"]), embedder, StageConfig(prompts_per_step=2,
-                         group_size=5), SamplingConfig(), TASK, RewardConfig())
+    stage = ManagerStage(items, ScriptedGenerator(["Answer: none"]), StageContext(embedder, TASK),
+                         StageConfig(prompts_per_step=2, group_size=5))
     rollout = stage.rollout(0, ScriptedGenerator(reply=replies))
     write_shard(tmp_path, 3, 1, rollout, 2.5)
     rows = pq.read_table(tmp_path / "completions-s000003-r1.parquet").to_pylist()
@@ -81,9 +80,9 @@ def test_each_shard_row_is_the_completion_of_the_stage_rollout_it_came_from(tmp_
 def test_episode_rows_point_at_their_groups_responses(tmp_path):
     convs = load_conversations(None, 10, split="train")
     items = episode_items(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2, sessions=2)[:1]
-    stage = EpisodeStage(lambda s: items, ScriptedGenerator(["Answer: none"]), HashEmbedder(64),
-                         StageConfig(steps=1, prompts_per_step=1, group_size=4), SamplingConfig(), TASK,
-                         RewardConfig(), EpisodeConfig(sessions=2, inner_n=3, reroll_prob=1.0))
+    stage = EpisodeStage(lambda s: items, ScriptedGenerator(["Answer: none"]), StageContext(HashEmbedder(64), TASK),
+                         StageConfig(steps=1, prompts_per_step=1, group_size=4),
+                         EpisodeConfig(sessions=2, inner_n=3, reroll_prob=1.0))
     rollout = stage.rollout(0, ScriptedGenerator(reply=lambda c, i, j: json.dumps(
         {"memory": [{"id": "90", "text": f"note {c}-{i}", "event": "ADD"}]})))
     rows = tables(rollout, 0, 0, 1.0)[0].to_pylist()
@@ -145,7 +144,7 @@ def test_the_command_writes_what_the_training_paths_stage_rolls_out(tiny_model, 
     st = make_stage(ctx, stage, {})
     want = []
     for step in range(2):
-        st.rollout_sampling = msgspec.structs.replace(st.rollout_sampling, seed=step_seed(cfg.seed, step))
+        st.ctx = st.ctx.with_sampling(msgspec.structs.replace(st.ctx.sampling, seed=step_seed(cfg.seed, step)))
         want += tables(st.rollout(step, policy), step, 0, 0.0)[0].to_pylist()
     ctx.close()
     same_rows(got, sorted(want, key=lambda r: (r["step"], r["group"], r["index"])))

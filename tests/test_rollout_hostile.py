@@ -20,11 +20,10 @@ from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.task.data import load_conversations
 from memr1.rl.task.facts import oracle_facts
-from memr1.rl.generation import SamplingConfig
 from memr1.rl.task.train_items import ItemsConfig, manager_calls, manager_items, oracle_bank
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import ManagerStage, StageConfig
 from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.context import StageContext
 from report_fixture import make_run
 from run_helpers import env
 from scripted import ScriptedGenerator
@@ -46,8 +45,8 @@ def rollouts():
     convs = load_conversations(None, n=3, split="train")
     specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs}, 2)
     items = manager_items(specs, [oracle_bank(s, s.conv, embedder) for s in specs], ItemsConfig(), 0)[:4]
-    stage = ManagerStage(items, ScriptedGenerator(["Answer: none"]), embedder, StageConfig(prompts_per_step=2,
-                         group_size=3), SamplingConfig(), TASK, RewardConfig())
+    stage = ManagerStage(items, ScriptedGenerator(["Answer: none"]), StageContext(embedder, TASK),
+                         StageConfig(prompts_per_step=2, group_size=3))
     return [stage.rollout(step, ScriptedGenerator(reply=replies)) for step in range(2)]
 
 

@@ -31,6 +31,7 @@ from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import AnswerStage, ManagerStage, StageConfig
 from memr1.rl.task.turns import Task, decide, manager_turns
 from memr1.rl.task.stages.warm import manager_target
+from memr1.rl.task.stages.context import StageContext
 
 FAST = StageConfig(prompts_per_step=2, group_size=2)
 SAMPLING = SamplingConfig(max_new_tokens=12)
@@ -59,7 +60,7 @@ def setup(tiny_model):
 
 
 def manager_stage(items, frozen, embedder, cfg=FAST, rank=0, world=1, reward=REWARD):
-    return ManagerStage(items, frozen, embedder, cfg, SAMPLING, TASK, reward, None, rank, world)
+    return ManagerStage(items, frozen, StageContext(embedder, TASK, reward, SAMPLING, rank=rank, world=world), cfg)
 
 
 @pytest.mark.parametrize("stage_name", ["manager", "answer"])
@@ -71,7 +72,7 @@ def test_one_step_end_to_end(setup, stage_name, k):
     if stage_name == "manager":
         stage = manager_stage(manager_items_, make_generator(gen_cfg), embedder)
     else:
-        stage = AnswerStage(answer_items_, embedder, FAST, SAMPLING, TASK, REWARD)
+        stage = AnswerStage(answer_items_, StageContext(embedder, TASK, REWARD, SAMPLING), FAST)
     metrics = []
     out = Loop(stage, policy, learner, LoopConfig(max_staleness=k), 2, metrics.append).run()
     assert out["steps_done"] == 2 and policy.weight_version == 2
@@ -188,8 +189,8 @@ def test_the_manager_warm_target_takes_the_calls_facts_in_order():
 def test_the_training_and_eval_paths_build_the_same_answer_prompts(setup, tmp_path):
     _, _, embedder, _, answer_items_, convs = setup
     train_gen = ScriptedGenerator(["Answer: x"])
-    AnswerStage(answer_items_, embedder, StageConfig(prompts_per_step=len(answer_items_), group_size=1), SAMPLING,
-                TASK, REWARD).rollout(0, train_gen)
+    AnswerStage(answer_items_, StageContext(embedder, TASK, REWARD, SAMPLING),
+                StageConfig(prompts_per_step=len(answer_items_), group_size=1)).rollout(0, train_gen)
     eval_gen = ScriptedGenerator(["Answer: x"])
     evaluate(convs, "train", eval_gen, embedder, EvalConfig(baseline="oracle", progress=False), task=TASK,
              cache_dir=tmp_path)
@@ -205,7 +206,7 @@ def test_rank_shares_make_up_the_single_process_batch(setup, stage_name):
     def make(rank, world):
         if stage_name == "manager":
             return manager_stage(manager_items_, ScriptedGenerator(["Answer: nothing"]), embedder, cfg, rank, world)
-        return AnswerStage(answer_items_, embedder, cfg, SAMPLING, TASK, REWARD, None, rank, world)
+        return AnswerStage(answer_items_, StageContext(embedder, TASK, REWARD, SAMPLING, rank=rank, world=world), cfg)
 
     for step in (0, 1):
         single = make(0, 1).rollout(step, ScriptedGenerator(texts)).batch.groups

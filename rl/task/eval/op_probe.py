@@ -102,11 +102,11 @@ def op_visibility(stage, items, oracles: dict) -> dict:
     from memr1.rl.task.turns import manager_turns
 
     turns = manager_turns([(it.bank, it.call) for it in items],
-                          stage.embedder, stage.task.manager)
+                          stage.ctx.embedder, stage.ctx.task.manager)
     owners, replies, labels = [], [], []
     for i, (it, turn) in enumerate(zip(items, turns)):
         shown = [it.bank.get(b).text for b in turn.prompt.bank_ids]
-        target, wrong = wrong_replies(it, shown, oracles[it.conversation], stage.task.manager.list_unchanged, turn)
+        target, wrong = wrong_replies(it, shown, oracles[it.conversation], stage.ctx.task.manager.list_unchanged, turn)
         for label, text in [("oracle", target)] + list(wrong.items()):
             owners.append(i)
             replies.append(text)

@@ -24,13 +24,14 @@ from msgspec import Meta
 from memr1.memory_store import Add, Delete
 from memr1.rl.task.agents.answer import AnswerConfig, parse_answer
 from memr1.rl.task.agents.manager import EVENTS
-from memr1.rl.generation import GREEDY, SamplingConfig, hit_cap
+from memr1.rl.generation import GREEDY, hit_cap
 from memr1.rl.task.train_items import step_items
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.task.rewards import RewardConfig, answer_reward, answer_score, exact_match, f1, manager_reward
+from memr1.rl.task.stages.context import StageContext
 from memr1.rl.task.stages.samples import answer_samples, manager_samples
 from memr1.rl.spans import span
-from memr1.rl.task.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
+from memr1.rl.task.turns import AnswerRequest, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 class StageConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -107,7 +108,7 @@ def with_refill(stage, step: int, generator, first: Rollout) -> Rollout:
     samples, metrics, drawn = list(first.samples), dict(first.metrics), 0
     while len(keep) < want and drawn < stage.refill:
         n = min(want - len(keep), stage.refill - drawn)
-        extra = stage.rollout_items(refill_items(stage.items, step, drawn, n, stage.rank), generator)
+        extra = stage.rollout_items(refill_items(stage.items, step, drawn, n, stage.ctx.rank), generator)
         drawn += n
         keep += [g for g in extra.batch.groups if informative(g)]
         samples += extra.samples
@@ -158,9 +159,12 @@ class CallStage:
     stage's `rollout_items`, and refilled when `refill` is on."""
 
     def rollout(self, step: int, generator) -> Rollout:
-        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world),
+        first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.ctx.rank, self.ctx.world),
                                    generator)
-        return with_refill(self, step, generator, first) if self.refill else first
+        if self.refill:
+            return with_refill(self, step, generator, first)
+        first.metrics["informative_groups"] = sum(informative(g) for g in first.batch.groups)
+        return first
 
 
 @dataclass
@@ -181,11 +185,8 @@ class ManagerScores:
 class ManagerStage(CallStage):
     name = "manager"
 
-    def __init__(self, items, frozen_answer, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
-                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, hints=None, refill: int = 0):
-        self.items, self.frozen, self.embedder, self.judge = items, frozen_answer, embedder, judge
-        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
-        self.rank, self.world = rank, world
+    def __init__(self, items, frozen_answer, ctx: StageContext, cfg: StageConfig, hints=None, refill: int = 0):
+        self.items, self.frozen, self.ctx, self.cfg = items, frozen_answer, ctx, cfg
         self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
         self.hints = hints           # rl.task.hints.Hints: some completions start from the oracle's reply
         self.item_stats: dict = {}   # the items' counts (engine/items.py), logged with every step
@@ -196,7 +197,7 @@ class ManagerStage(CallStage):
         it was), the frozen Answer Agent answers the item's questions from every fork in one generate
         call, and each completion gets `rewards.manager_reward`. Rollouts and rl/task/eval/op_probe.py call this."""
         with span("parse"):
-            outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.embedder, self.task.manager)
+            outcomes = decide([(turns[i], c) for i, c in zip(owners, completions)], self.ctx.embedder, self.ctx.task.manager)
         forks = []
         t1 = time.perf_counter()
         with span("fork_apply"):
@@ -209,17 +210,17 @@ class ManagerStage(CallStage):
             for j, (i, fork) in enumerate(zip(owners, forks)):
                 requests += [AnswerRequest(fork, qa.question, items[i].speakers) for qa in items[i].questions]
                 who += [(j, qa.answer) for qa in items[i].questions]
-            answers, distinct = greedy_once(self.frozen, answer_prompts(requests, self.embedder, self.task.answer),
-                                            self.task.answer.max_new_tokens)
+            answers, distinct = greedy_once(self.frozen, answer_prompts(requests, self.ctx.embedder, self.ctx.task.answer),
+                                            self.ctx.task.answer.max_new_tokens)
         t3 = time.perf_counter()
         golds = [g for _, g in who]
         with span("reward"):
             parsed, scores = score_answers([a[0].text for a in answers], golds, [r.question for r in requests],
-                                           self.task.answer, self.reward, self.judge)
+                                           self.ctx.task.answer, self.ctx.reward, self.ctx.judge)
             per_fork = [[] for _ in forks]
             for (j, _), s in zip(who, scores):
                 per_fork[j].append(s)
-            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.reward, bank_growth(o),
+            parts = [manager_reward(per_fork[j], o.parsed, o.invalid_ops, self.ctx.reward, bank_growth(o),
                                     len(items[owners[j]].call["facts"]))
                      for j, o in enumerate(outcomes)]
         return ManagerScores(outcomes, parts, per_fork, answers, parsed, golds, t2 - t1, t3 - t2, distinct,
@@ -228,9 +229,9 @@ class ManagerStage(CallStage):
     def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
         turns = manager_turns([(it.bank, it.call) for it in items],
-                              self.embedder, self.task.manager)
+                              self.ctx.embedder, self.ctx.task.manager)
         prompt_s = time.perf_counter() - t0
-        sampling = self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens)
+        sampling = self.ctx.sampling.with_tokens(self.ctx.task.manager.max_new_tokens)
         G = self.cfg.group_size
         with span("generate"):
             if self.hints is not None:
@@ -272,19 +273,16 @@ class ManagerStage(CallStage):
 class AnswerStage(CallStage):
     name = "answer"
 
-    def __init__(self, items, embedder, cfg: StageConfig, rollout: SamplingConfig, task: Task,
-                 reward: RewardConfig, judge=None, rank: int = 0, world: int = 1, refill: int = 0):
-        self.items, self.embedder, self.judge = items, embedder, judge
-        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
-        self.rank, self.world = rank, world
+    def __init__(self, items, ctx: StageContext, cfg: StageConfig, refill: int = 0):
+        self.items, self.ctx, self.cfg = items, ctx, cfg
         self.refill = refill         # extra items a step may draw to replace equal-reward groups (0: off)
 
     def rollout_items(self, items: list, generator) -> Rollout:
         t0 = time.perf_counter()
         requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
-        prompts = answer_prompts(requests, self.embedder, self.task.answer)
+        prompts = answer_prompts(requests, self.ctx.embedder, self.ctx.task.answer)
         prompt_s = time.perf_counter() - t0
-        sampling = self.rollout_sampling.with_tokens(self.task.answer.max_new_tokens)
+        sampling = self.ctx.sampling.with_tokens(self.ctx.task.answer.max_new_tokens)
         with span("generate"):
             completions = generator.generate(prompts, self.cfg.group_size, sampling)
         gen_s = time.perf_counter() - t0
@@ -292,8 +290,8 @@ class AnswerStage(CallStage):
         golds = [it.question.answer for it, _ in flat]
         with span("reward"):
             parsed, scores = score_answers([c.text for _, c in flat], golds, [it.question.question for it, _ in flat],
-                                           self.task.answer, self.reward, self.judge)
-            parts = [answer_reward(s, p.has_answer_tag, self.reward) for p, s in zip(parsed, scores)]
+                                           self.ctx.task.answer, self.ctx.reward, self.ctx.judge)
+            parts = [answer_reward(s, p.has_answer_tag, self.ctx.reward) for p, s in zip(parsed, scores)]
             G = self.cfg.group_size
             groups = [group_of(completions[i], parts[i * G:(i + 1) * G], items[i].source) for i in range(len(items))]
         metrics = {**reward_metrics(groups),

@@ -23,11 +23,11 @@ from memr1.rl.task.evidence import evidence_misses, miss_rate, stored_turns
 from memr1.rl.generation import hit_cap
 from memr1.rl.task.train_items import step_items
 from memr1.rl.records import Credit, Group, Rollout, TrainBatch
-from memr1.rl.task.rewards import RewardConfig
+from memr1.rl.task.stages.context import StageContext
 from memr1.rl.task.stages.samples import episode_sample
 from memr1.rl.spans import span
 from memr1.rl.task.stages.calls import StageConfig, greedy_once, mean, score_answers
-from memr1.rl.task.turns import AnswerRequest, Task, answer_prompts, apply_outcomes, decide, manager_turns
+from memr1.rl.task.turns import AnswerRequest, answer_prompts, apply_outcomes, decide, manager_turns
 
 
 @dataclass
@@ -46,15 +46,11 @@ class Lane:
 class EpisodeStage:
     name = "manager_episode"
 
-    def __init__(self, items_for, frozen_answer, embedder, cfg: StageConfig, rollout, task: Task,
-                 reward: RewardConfig, episode: EpisodeConfig, judge=None, rank: int = 0, world: int = 1,
-                 seed: int = 0, validation: bool = False):
+    def __init__(self, items_for, frozen_answer, ctx: StageContext, cfg: StageConfig, episode: EpisodeConfig,
+                 validation: bool = False):
         """`items_for(sessions)`: the episode items of a window of that many sessions (built once each).
         `validation`: every step scores all of the rank's items (step only picks the curriculum phase)."""
-        self.items_for, self.frozen, self.embedder, self.judge = items_for, frozen_answer, embedder, judge
-        self.cfg, self.rollout_sampling, self.task, self.reward = cfg, rollout, task, reward
-        self.episode = episode
-        self.rank, self.world, self.seed = rank, world, seed
+        self.items_for, self.frozen, self.ctx, self.cfg, self.episode = items_for, frozen_answer, ctx, cfg, episode
         self.phases, self.validation = episode.phases(cfg.steps), validation
 
     def phase(self, step: int):
@@ -67,12 +63,12 @@ class EpisodeStage:
         t0 = time.perf_counter()
         phase, ep, G = self.phase(step), self.episode, self.cfg.group_size
         pool = self.items_for(phase.sessions)
-        items = pool[self.rank::self.world] if self.validation else \
-            step_items(pool, step, self.cfg.prompts_per_step, self.rank, self.world)
+        items = pool[self.ctx.rank::self.ctx.world] if self.validation else \
+            step_items(pool, step, self.cfg.prompts_per_step, self.ctx.rank, self.ctx.world)
         # an item's draws depend on the step and the item alone: the same on a resume and at any world size;
         # validation draws the same questions at every step, so its scores compare
-        rngs = [random.Random(f"{self.seed}:{'val' if self.validation else step}:{it.source}") for it in items]
-        episodes = [[Lane(i, "global", MemoryBank.create(None, dim=self.embedder.dim)) for _ in range(G)]
+        rngs = [random.Random(f"{self.ctx.seed}:{'val' if self.validation else step}:{it.source}") for it in items]
+        episodes = [[Lane(i, "global", MemoryBank.create(None, dim=self.ctx.embedder.dim)) for _ in range(G)]
                     for i in range(len(items))]
         samples = [global_sample(it, ep.global_questions, rng) for it, rng in zip(items, rngs)]
         rerolls, gen_s, forks = [], 0.0, 0
@@ -104,14 +100,14 @@ class EpisodeStage:
             live = [lane for lane in lanes if r < len(items[lane.item].calls[k])]
             calls = [items[lane.item].calls[k][r] for lane in live]
             turns = manager_turns([(lane.bank, c) for lane, c in zip(live, calls)],
-                                  self.embedder, self.task.manager)
+                                  self.ctx.embedder, self.ctx.task.manager)
             t = time.perf_counter()
             with span("generate"):
                 got = generator.generate([t.prompt.messages for t in turns], 1,
-                                         self.rollout_sampling.with_tokens(self.task.manager.max_new_tokens))
+                                         self.ctx.sampling.with_tokens(self.ctx.task.manager.max_new_tokens))
             gen_s += time.perf_counter() - t
             with span("parse"):
-                outcomes = decide([(turn, g[0]) for turn, g in zip(turns, got)], self.embedder, self.task.manager)
+                outcomes = decide([(turn, g[0]) for turn, g in zip(turns, got)], self.ctx.embedder, self.ctx.task.manager)
             with span("fork_apply"):
                 for lane, call, g, outcome in zip(live, calls, got, outcomes):
                     before = len(lane.bank)
@@ -122,10 +118,10 @@ class EpisodeStage:
         return gen_s
 
     def answers(self, requests: list[AnswerRequest], golds: list[str]) -> list[float]:
-        prompts = answer_prompts(requests, self.embedder, self.task.answer)
-        got, _ = greedy_once(self.frozen, prompts, self.task.answer.max_new_tokens)
-        _, scores = score_answers([g[0].text for g in got], golds, [r.question for r in requests], self.task.answer,
-                                  self.reward, self.judge)
+        prompts = answer_prompts(requests, self.ctx.embedder, self.ctx.task.answer)
+        got, _ = greedy_once(self.frozen, prompts, self.ctx.task.answer.max_new_tokens)
+        _, scores = score_answers([g[0].text for g in got], golds, [r.question for r in requests], self.ctx.task.answer,
+                                  self.ctx.reward, self.ctx.judge)
         return scores
 
     def score_local(self, item: EpisodeItem, k: int, group: list[Lane], questions, phase) -> list[dict]:
@@ -135,7 +131,7 @@ class EpisodeStage:
                                    for qa in questions], [qa.answer for _ in group for qa in questions])
         n = len(questions)
         out = [session_reward(scores[j * n:(j + 1) * n], bank_words(lane.bank), item.session_words[k],
-                              self.reward.kind, phase.compression, self.episode.free_ratio, lane.finished)
+                              self.ctx.reward.kind, phase.compression, self.episode.free_ratio, lane.finished)
                for j, lane in enumerate(group)]
         for lane in group:
             lane.bank = None   # the re-roll's bank is done with; its calls stay for training
@@ -157,7 +153,7 @@ class EpisodeStage:
 
     # -- rewards, credit, the batch ---------------------------------------------------------------
     def assemble(self, items, episodes, samples, answered, rerolls, phase, gen_s, forks, t0) -> Rollout:
-        ep, kind = self.episode, self.reward.kind
+        ep, kind = self.episode, self.ctx.reward.kind
         units = []   # (lane, session, reward parts, group key, level weight)
         for i, it in enumerate(items):
             for e, lane in enumerate(episodes[i]):
@@ -227,8 +223,8 @@ class EpisodeStage:
         n = len(outcomes) or 1
         events = Counter(e for o in outcomes for e in o.events)
         status = Counter(o.status for o in outcomes)
-        out.update({f"{self.reward.kind}_final": final, "em_mean": final if self.reward.kind == "em" else 0.0,
-                    "f1_mean": final if self.reward.kind == "f1" else 0.0,
+        out.update({f"{self.ctx.reward.kind}_final": final, "em_mean": final if self.ctx.reward.kind == "em" else 0.0,
+                    "f1_mean": final if self.ctx.reward.kind == "f1" else 0.0,
                     "evidence_miss": mean(miss_rate(m) or 0.0 for m in misses),
                     "parse_failure_rate": status["parse_error"] / n,
                     "invalid_rate": (n - status["ok"] - status["parse_error"]) / n,

@@ -22,7 +22,8 @@ from memr1.rl.generation import chat_prompt_ids, reply_ids
 from memr1.rl.task.train_items import step_items
 from memr1.rl.records import TARGET, Group, Rollout, TrainBatch
 from memr1.rl.task.stages.calls import StageConfig
-from memr1.rl.task.turns import AnswerRequest, ManagerTurn, Task, answer_prompts, manager_turns
+from memr1.rl.task.stages.context import StageContext
+from memr1.rl.task.turns import AnswerRequest, ManagerTurn, answer_prompts, manager_turns
 
 
 def answer_target(request: AnswerRequest, qa, oracle: dict, cfg: AnswerConfig) -> str:
@@ -61,31 +62,30 @@ def manager_target(turn: ManagerTurn, shown_texts: list[str], call: dict, oracle
 class WarmStage:
     """Supervised warm start of one role ("manager" or "answer") on the oracle; see the module doc."""
 
-    def __init__(self, role: str, items, conversations: dict, embedder, tokenizer, cfg: StageConfig, task: Task,
-                 rank: int = 0, world: int = 1, name: str = ""):
+    def __init__(self, role: str, items, conversations: dict, ctx: StageContext, tokenizer, cfg: StageConfig,
+                 name: str = ""):
         if role not in ("manager", "answer"):
             raise ValueError(f"WarmStage role must be manager or answer, got {role!r}")
         missing = sorted({it.conversation for it in items if not conversations[it.conversation].oracle})
         if missing:
             raise ValueError(f"a {role} warm start needs the synthetic oracle; {missing[:3]} have none")
         self.name, self.role = name or f"{role}_warm", role
-        self.items, self.convs, self.embedder, self.tokenizer = items, conversations, embedder, tokenizer
-        self.cfg, self.task, self.rank, self.world = cfg, task, rank, world
+        self.items, self.convs, self.ctx, self.tokenizer, self.cfg = items, conversations, ctx, tokenizer, cfg
 
     def rollout(self, step: int, generator) -> Rollout:
         t0 = time.perf_counter()
-        items = step_items(self.items, step, self.cfg.prompts_per_step, self.rank, self.world)
+        items = step_items(self.items, step, self.cfg.prompts_per_step, self.ctx.rank, self.ctx.world)
         if self.role == "answer":
             requests = [AnswerRequest(it.bank, it.question.question, it.speakers) for it in items]
-            prompts = answer_prompts(requests, self.embedder, self.task.answer)
-            targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.task.answer)
+            prompts = answer_prompts(requests, self.ctx.embedder, self.ctx.task.answer)
+            targets = [answer_target(r, it.question, self.convs[it.conversation].oracle, self.ctx.task.answer)
                        for r, it in zip(requests, items)]
         else:
             turns = manager_turns([(it.bank, it.call)
-                                   for it in items], self.embedder, self.task.manager)
+                                   for it in items], self.ctx.embedder, self.ctx.task.manager)
             prompts = [t.prompt.messages for t in turns]
             targets = [manager_target(t, [it.bank.get(i).text for i in t.prompt.bank_ids], it.call,
-                                      self.convs[it.conversation].oracle, self.task.manager.list_unchanged)
+                                      self.convs[it.conversation].oracle, self.ctx.task.manager.list_unchanged)
                        for t, it in zip(turns, items)]
         groups = [Group(prompt_ids=chat_prompt_ids(self.tokenizer, p), responses=[reply_ids(self.tokenizer, t)],
                         behav_logprobs=None, rewards=[0.0], credit=[TARGET], source=it.source)
