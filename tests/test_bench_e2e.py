@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memr1.bench.e2e import TRAINERS, leg_order
+from memr1.bench.e2e import TRAINERS, headline, leg_order
 from memr1.bench.e2e_trl import Counts, micro_size
 from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.rewards import RewardConfig
@@ -24,7 +24,8 @@ def test_legs_mirror_and_micro_batches_fit_the_budget():
 
 
 def test_trl_reward_is_memr1s_answer_reward_and_counts_tokens():
-    stage = SimpleNamespace(task=Task(answer=AnswerConfig()), reward=RewardConfig(answer_format_penalty=0.5),
+    stage = SimpleNamespace(ctx=SimpleNamespace(task=Task(answer=AnswerConfig()),
+                                                reward=RewardConfig(answer_format_penalty=0.5)),
                             cfg=SimpleNamespace(group_size=2))
     counts = Counts(stage)
     texts = ["Answer: Paris.", "paris", "Answer: Rome", "Answer: Rome"]
@@ -32,6 +33,20 @@ def test_trl_reward_is_memr1s_answer_reward_and_counts_tokens():
                      ["Paris", "Paris", "Oslo", "Oslo"], ["q"] * 4)
     assert rewards == [1.0, 0.5, 0.0, 0.0]   # EM 1; EM 1 without the "Answer:" line; two misses
     assert counts.tokens == [12] and counts.signal == [8 / 12]   # the second group's rewards are equal
+
+
+def test_refill_is_compared_with_skip_only_per_informative_group_and_never_with_trl():
+    def row(trainer, wall, groups, tokens):
+        return {"model": "m", "trainer": trainer, "wall_per_step_s": wall, "step_s": wall, "gen_s": 1.0,
+                "train_s": 1.0, "sync_s": 0.0, "positions": 10, "padded_frac": 0.0, "signal_frac": 0.5,
+                "informative_groups": groups, "wall_per_informative_group_s": wall / groups,
+                "tokens_per_informative_group": tokens / groups}
+    rows = [row("memr1_staleness0", 2.0, 2, 100), row("memr1_refill", 3.0, 4, 200), row("trl", 4.0, 2, 100)]
+    head = {h["name"]: h for h in headline(rows)}
+    refill = head["m: refill over skip-only, wall per informative group"]
+    assert refill["value"] == pytest.approx((2.0 / 2) / (3.0 / 4))
+    assert refill["informative_groups"] == {"skip": 2, "refill": 4}
+    assert "m: memr1_staleness0 over trl, steps/s" in head and not any("memr1_refill over" in n for n in head)
 
 
 def test_init_must_be_a_model_folder(tmp_path):
@@ -77,6 +92,10 @@ def check_quick_json(data: dict) -> None:
     # the noskip row computes every group; the others compute exactly the groups with signal
     assert rows["memr1_noskip"]["computed_frac"] == 1.0 and not rows["memr1_noskip"]["settings"]["skip_zero_advantage"]
     assert rows["memr1_staleness0"]["computed_frac"] == rows["memr1_staleness0"]["signal_frac"]
+    # refill draws up to prompts_per_step extra prompts a step; every memr1 row counts its informative groups
+    assert rows["memr1_refill"]["settings"]["refill_max_prompts"] == ours["prompts_per_step"]
+    assert rows["memr1_staleness0"]["settings"]["refill_max_prompts"] == 0
+    assert all(0 <= rows[t]["informative_groups"] <= ours["prompts_per_step"] for t in rows if t.startswith("memr1"))
     for t in ("trl", "trl_vllm", "trl_vllm_no_is") if vllm else ("trl",):   # TRL's step split and its positions
         r = rows[t]
         assert r["gen_s"] > 0 and r["train_s"] > 0 and r["gen_s"] + r["train_s"] <= r["step_s_spread"][1] * 1.001

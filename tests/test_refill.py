@@ -7,11 +7,10 @@ from memr1.memory_store import HashEmbedder
 from memr1.rl.task.agents.answer import AnswerConfig
 from memr1.rl.task.agents.manager import ManagerConfig
 from memr1.rl.task.data import load_conversations
-from memr1.rl.generation import SamplingConfig
 from memr1.rl.task.train_items import answer_items, oracle_bank
-from memr1.rl.task.rewards import RewardConfig
 from memr1.rl.task.stages.calls import AnswerStage, StageConfig, informative, refill_items
 from memr1.rl.task.turns import Task
+from memr1.rl.task.stages.context import StageContext
 from scripted import ScriptedGenerator
 
 TASK = Task(manager=ManagerConfig(), answer=AnswerConfig(top_k_per_speaker=5, max_new_tokens=6))
@@ -37,8 +36,8 @@ def replier(items, solvable: set):
 
 
 def stage_and_generator(items, emb, solvable, refill):
-    stage = AnswerStage(items, emb, StageConfig(prompts_per_step=PER_STEP, group_size=2), SamplingConfig(), TASK,
-                        RewardConfig(), refill=refill)
+    stage = AnswerStage(items, StageContext(emb, TASK), StageConfig(prompts_per_step=PER_STEP, group_size=2),
+                        refill=refill)
     gen = ScriptedGenerator()
     reply = replier(items, solvable)
     gen.reply = lambda call, i, j: reply(call, i, j, gen.calls[call])
@@ -51,6 +50,9 @@ def test_refill_replaces_equal_reward_groups_with_informative_ones(items):
     stage, gen = stage_and_generator(its, emb, solvable, refill=0)
     plain = stage.rollout(0, gen)
     assert not any(informative(g) for g in plain.batch.groups) and "refill_drawn" not in plain.metrics
+    assert plain.metrics["informative_groups"] == 0    # counted without refill too (bench.e2e's skip-only row)
+    stage, gen = stage_and_generator(its, emb, {it.question.question for it in its[:2]}, refill=0)
+    assert stage.rollout(0, gen).metrics["informative_groups"] == 2
     stage, gen = stage_and_generator(its, emb, solvable, refill=12)
     got = stage.rollout(0, gen)
     assert len(got.batch.groups) == PER_STEP and all(informative(g) for g in got.batch.groups)
@@ -84,3 +86,17 @@ def test_refill_draws_are_fixed_by_step_and_round():
 def test_the_config_turns_refill_on():
     cfg = load_config(None, ["rollout.refill=true", "rollout.refill_max_prompts=32"])
     assert cfg.rollout.refill and cfg.rollout.refill_max_prompts == 32
+
+
+def test_the_dry_run_plan_counts_the_refills_worst_case():
+    from memr1.engine.config.plan import plan_text
+    from memr1.engine.config.run import load_config
+
+    base = ['stages=["answer_warm", "answer", "answer_rs"]', "stage.answer.prompts_per_step=2", "stage.answer.group_size=2",
+            "answer.max_new_tokens=10", "generator.model=/nonexistent"]
+    text, _ = plan_text(load_config(None, base))
+    assert "refill" not in text
+    text, _ = plan_text(load_config(None, base + ["rollout.refill=true", "rollout.refill_max_prompts=3"]))
+    lines = [line for line in text.splitlines() if "refill:" in line]
+    assert len(lines) == 2 and all("up to 3 extra prompts a step, so at most 10 completions/step and 100 new "
+                                   "tokens/step" in line for line in lines)

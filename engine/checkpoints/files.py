@@ -27,6 +27,11 @@ from memr1.rl.fileio import open_regular, read_regular, safetensors_header
 MANIFEST = "manifest.json"
 FORMAT = "memr1-checkpoint"
 REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "state.json", "rng_rank0.pt")
+# A LoRA run's adapter, in peft's layout in a folder of its own: at the top, transformers would take
+# adapter_config.json for a PEFT checkpoint and the loaders' *.safetensors globs would take the adapter
+# for model weights. The manifest lists these two by their relative paths.
+ADAPTER_DIR = "adapter"
+ADAPTER_FILES = (f"{ADAPTER_DIR}/adapter_model.safetensors", f"{ADAPTER_DIR}/adapter_config.json")
 
 
 class CheckpointConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -52,6 +57,8 @@ def write_manifest(folder: str | Path, step: int) -> None:
     folder = Path(folder)
     files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
              for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    files.update({name: {"bytes": (folder / name).stat().st_size, "sha256": _sha256(folder / name)}
+                  for name in ADAPTER_FILES if (folder / name).is_file()})
     (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "version": 1, "step": step, "files": files}))
 
 
@@ -98,7 +105,8 @@ def verify(path: Path, checksums: bool = True, state: bool = True, digests: dict
     else:
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if (not isinstance(files, dict) or manifest.get("format") != FORMAT
-                or not all(isinstance(w, dict) and Path(n).name == n != ".." for n, w in files.items())):
+                or not all(isinstance(w, dict) and (Path(n).name == n != ".." or n in ADAPTER_FILES)
+                           for n, w in files.items())):
             return f"{MANIFEST} is not a memr1 checkpoint manifest"   # a list, a string, a path outside
         if missing := [n for n in required if n not in files]:
             return f"{MANIFEST} does not list {', '.join(missing)}"
@@ -154,6 +162,18 @@ def weights_digest(path: str | Path, what: str = "checkpoint") -> str:
             except OSError as e:
                 raise CheckpointError(f"{what} {path}: {name} does not read ({e})") from None
     return hashlib.sha256(json.dumps({n: digests[n] for n in weights}, sort_keys=True).encode()).hexdigest()
+
+
+# the files that decide a tokenizer's ids, whichever of them a model folder has
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "added_tokens.json")
+
+
+def tokenizer_digest(path: str | Path) -> str:
+    """SHA-256 over {file name: SHA-256} of a model folder's tokenizer files (what `memr1 rollout`
+    records, so shards are never replayed under other token ids)."""
+    parts = {name: _sha256(Path(path) / name) for name in TOKENIZER_FILES if (Path(path) / name).is_file()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def best_step(stage_dir) -> int | None:

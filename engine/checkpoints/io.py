@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from memr1.engine.checkpoints.files import CheckpointError, best_step, checkpoints, verify, write_manifest
+from memr1.engine.checkpoints.files import (ADAPTER_DIR, ADAPTER_FILES, CheckpointError, best_step, checkpoints, verify,
+                                           write_manifest)
 from memr1.engine.config.stages import stage_name
 
 
@@ -120,6 +121,11 @@ def save(learner, stage_dir: str, step: int, data_state: dict | None = None, mod
         if model_dir:
             copy_model_files(model_dir, tmp)
         save_file(sd["model"], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        if "adapter" in sd:   # LoRA: the adapter as `peft.PeftModel.from_pretrained(base, <ckpt>/adapter)` reads it
+            adapter_dir = os.path.join(tmp, ADAPTER_DIR)
+            os.makedirs(adapter_dir)
+            save_file(sd["adapter"], os.path.join(adapter_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+            learner.adapter_config(model_dir).save_pretrained(adapter_dir)
         torch.save(sd["optimizer"], os.path.join(tmp, "optimizer.pt"))
         torch.save(sd["scheduler"], os.path.join(tmp, "scheduler.pt"))
         if "critic" in sd:
@@ -148,6 +154,8 @@ def load(learner, path: str) -> dict:
     with open(cfg_path) as f:
         sd = {"config": json.load(f)}
     sd["model"] = load_file(os.path.join(path, "model.safetensors"))
+    if os.path.exists(os.path.join(path, ADAPTER_FILES[0])):
+        sd["adapter"] = load_file(os.path.join(path, ADAPTER_FILES[0]))
     sd["optimizer"] = _load(os.path.join(path, "optimizer.pt"))
     sd["scheduler"] = _load(os.path.join(path, "scheduler.pt"))
     if os.path.exists(os.path.join(path, "critic.pt")):

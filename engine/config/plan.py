@@ -73,9 +73,18 @@ def plan_text(cfg: RunConfig, dry_run: bool = True) -> tuple[str, bool]:
                          f"every call of each; per session a re-roll group of {e.inner_n} with p {e.reroll_prob:g}; "
                          f"phases: {phases}; lr {s.lr:g}, up to {budget} new tokens a call")
             continue
+        if cfg.rollout.replay:
+            lines.append(f"  {name:13} {s.steps:>5} recorded steps replayed from {', '.join(cfg.rollout.replay)} "
+                         f"(nothing generated for training), lr {s.lr:g}")
+            continue
         lines.append(f"  {name:13} {s.steps:>5} steps x {s.prompts_per_step} prompts x {s.group_size} = "
                      f"{s.prompts_per_step * s.group_size} completions/step ({s.prompts_per_step // max(world, 1)} "
                      f"prompts per rank), lr {s.lr:g}, up to {budget} new tokens")
+        if cfg.rollout.refill and stage_name(name).kind in ("rl", "rs"):   # rl/task/stages/calls.py's refill
+            extra = cfg.rollout.refill_max_prompts or s.prompts_per_step
+            lines.append(f"  {'':13} refill: up to {extra} extra prompts a step, so at most "
+                         f"{(s.prompts_per_step + extra) * s.group_size} completions/step and "
+                         f"{(s.prompts_per_step + extra) * s.group_size * budget:,} new tokens/step")
     lines.append(f"token budgets: extract {cfg.extract.max_new_tokens}, manager {cfg.manager.max_new_tokens}, answer "
                  f"{cfg.answer.max_new_tokens} (a well-formed answer takes at most {reply_bound(cfg.answer)})")
     found = problems(cfg, world) + [f"warning: {w}" for w in budget_warnings(cfg)]

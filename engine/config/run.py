@@ -58,6 +58,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # extra items a step (0: as many as prompts_per_step). Call-level RL stages and their rs controls.
     refill: bool = False
     refill_max_prompts: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    # Train on rollouts `memr1 rollout` recorded in these folders instead of generating (engine/replay.py;
+    # `memr1 train --from-rollouts DIR ...` sets it): the run trains the stage they were written for.
+    replay: tuple[str, ...] = ()
 
 
 class LoopConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

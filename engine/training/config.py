@@ -10,6 +10,19 @@ from msgspec import Meta
 from memr1.rl.algos.config import GRPOConfig, LossConfig, PPOConfig
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Low-rank adapters (peft's LoRA, training/lora.py): the learner trains only A and B of each target
+    projection; rank 0 is off (every weight, or `train_layers`, is trained)."""
+    rank: Annotated[int, Meta(ge=0, le=4096)] = 0
+    alpha: Annotated[float, Meta(gt=0, le=1e6)] = 32.0     # the update is scaled by alpha / rank
+    targets: tuple[str, ...] = LORA_TARGETS                 # module names (peft's target_modules)
+    dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0       # above 0 the learner's log-probs are no longer
+                                                            # the generator's (it runs merged weights)
+
+
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     algo: Literal["grpo", "dr_grpo", "ppo"] = "grpo"   # dr_grpo: GRPO without std scaling and with a
                                        # constant-length token sum (config resolution sets both)
@@ -42,6 +55,7 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # against the behaviour log-probs (LossConfig). "behaviour": the sampler's log-probs themselves.
     anchor: Literal["current", "behaviour"] = "current"
     logprob_chunk: Annotated[int, Meta(ge=1, le=1 << 20)] = 1024
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from memr1.engine.observe.throughput import bf16_peak, native_bf16
-from memr1.engine.training import dist as dist_utils, prefix_attention, state as learner_state
+from memr1.engine.training import dist as dist_utils, lora, prefix_attention, state as learner_state
 from memr1.engine.training.batching import Plan, build_micro, micro_count, split_units, units_of
 from memr1.engine.training.config import LearnerConfig
 from memr1.engine.training.policy import PolicyModel, adamw, freeze_below, load_lm, warmup_schedule
@@ -63,8 +63,16 @@ class Learner:
         seed_everything(seed)
         ac, dev = cfg.activation_checkpointing, self.d.device
         lm = load_lm(model_path, attn, ac, dev)
-        if cfg.train_layers:
+        self.lora_scale = None   # LoRA (training/lora.py): only the adapters train; weights leave merged
+        if cfg.lora.rank:
+            if cfg.train_layers:
+                raise ValueError("learner.lora trains the adapters only; set learner.train_layers = 0 with it")
+            lm = lora.add_adapters(lm, cfg.lora)
+            self.lora_scale = lora.scaling(cfg.lora)
+        elif cfg.train_layers:
             freeze_below(lm, cfg.train_layers)
+        self.trainable_params = sum(p.numel() for p in lm.parameters() if p.requires_grad)
+        self.total_params = sum(p.numel() for p in lm.parameters())
         self.hf_config = lm.config
         # For MFU (observe/throughput.py): the parameters in GEMMs (all but the input embedding, whose
         # lookup is no GEMM; a tied lm_head counts), taken before sharding; the GPUs' bf16 peak.
@@ -256,21 +264,34 @@ class Learner:
         collective: every rank calls it; with a process group only rank 0's holds the tensors. On an
         unsharded CPU model they are the live tensors, which the next step changes."""
         critic = (self.critic, self.critic_optim, self.critic_sched) if self.critic is not None else ()
-        return {"config": self.hf_config, **learner_state.gather(self.policy, self.optim, self.sched, *critic),
-                "step": self.step, "version": self.version}
+        sd = {"config": self.hf_config, **learner_state.gather(self.policy, self.optim, self.sched, *critic),
+              "step": self.step, "version": self.version}
+        if self.lora_scale is not None:   # the merged model by HF names, and the adapter in peft's layout
+            sd["model"], sd["adapter"] = lora.split_state(sd["model"], self.lora_scale)
+        return sd
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore `state_dict`'s output (the full state, on every rank). The model and the critic's
         presence are checked before anything changes. The configured lr wins over the saved one."""
         learner_state.check_compatible(sd["config"], self.hf_config)
-        weights = learner_state.checked_weights(sd["model"], self.policy.lm)
+        if self.lora_scale is None:
+            weights = learner_state.checked_weights(sd["model"], self.policy.lm)
+        elif "adapter" not in sd:
+            raise ValueError("the state holds no adapter: it was not written by a run with learner.lora")
+        else:   # the base weights are the start model's, which LoRA never changes
+            weights = learner_state.checked_subset(lora.adapter_params(sd["adapter"]), self.policy.lm)
         if self.critic is not None and "critic" not in sd:
             raise ValueError("the state holds no critic: it was not written by a PPO run")
-        learner_state.load_model(self.policy, self.optim, self.sched, weights, sd["optimizer"], sd["scheduler"])
+        learner_state.load_model(self.policy, self.optim, self.sched, weights, sd["optimizer"], sd["scheduler"],
+                                 strict=self.lora_scale is None)
         learner_state.use_lr(self.optim, self.sched, self.lr)
         if self.critic is not None:
             learner_state.load_critic(self.critic, self.critic_optim, self.critic_sched, sd["critic"])
         self.step, self.version = int(sd["step"]), int(sd["version"])
+
+    def adapter_config(self, base_model: str = ""):
+        """The adapter's peft config (checkpoints/io.py writes it beside the adapter)."""
+        return lora.peft_config(self.cfg.lora, base_model)
 
     def continue_at(self, step: int) -> None:
         """Count on from `step` (step and weight version both): a phase that starts from an earlier
@@ -281,6 +302,9 @@ class Learner:
     def weight_manifest(self) -> dict[str, tuple[int, ...]]:
         """HF name -> full shape of exactly what `export_weights` yields, with no collective (a DTensor's
         shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
+        if self.lora_scale is not None:
+            return {lora.hf_name(n): tuple(p.shape) for n, p in self.policy.lm.named_parameters()
+                    if not lora.is_adapter(n)}
         return {name: tuple(p.shape) for name, p in self.policy.lm.named_parameters()}
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -288,8 +312,15 @@ class Learner:
         generation.weights.push_weights). One parameter is gathered at a time and dropped before the next
         is, so no second full copy of the model ever exists here; the generator buckets them on its side.
         Every rank must iterate (gathering is a collective)."""
-        for name, p in self.policy.lm.named_parameters():  # named_parameters skips tied duplicates
+        params = dict(self.policy.lm.named_parameters())   # named_parameters skips tied duplicates
+
+        def full(name):
             with span("weight_export"):
-                t = dist_utils.full_tensor(p.detach())
+                return dist_utils.full_tensor(params[name].detach())
+        named = ((n, full(n)) for n in params)
+        if self.lora_scale is not None:   # each adapted weight merged with its A and B (gathered alongside)
+            named = lora.merged_items(((n, full(n)) for n in params if not lora.is_adapter(n)), full,
+                                      self.lora_scale)
+        for name, t in named:
             yield name, t
             del t

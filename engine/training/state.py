@@ -3,7 +3,8 @@
 What `Learner.state_dict()` returns and `load_state_dict` takes (checkpoints/io.py writes each
 entry to its own file):
   config      the HF config (an object from `state_dict`; a loaded config.json's dict is accepted)
-  model       the policy's full weights by HF name, the tied lm_head left out
+  model       the policy's full weights by HF name, the tied lm_head left out (with LoRA: merged)
+  adapter     with LoRA only: the adapter in peft's saved layout (training/lora.py)
   optimizer   the policy's full optimizer state keyed by parameter name, so a run can resume on
               another world size; scheduler: the LR schedule's state
   critic      PPO only: {"model", "optim", "sched"} of the critic, likewise
@@ -66,9 +67,23 @@ def checked_weights(sd: dict, lm) -> dict:
     return sd
 
 
-def load_model(policy, optim, sched, weights: dict, optim_sd: dict, sched_sd: dict) -> None:
-    """`weights`: from `checked_weights`."""
-    set_model_state_dict(policy, {"lm." + k: v for k, v in weights.items()}, options=FULL_LOAD)
+def checked_subset(sd: dict, lm) -> dict:
+    """`sd`: some of `lm`'s parameters (a LoRA adapter's), each present in `lm` with its shape; and
+    every trainable parameter of `lm` among them."""
+    ours = dict(lm.named_parameters())
+    unknown = [k for k in sd if k not in ours]
+    wrong = [k for k, v in sd.items() if k in ours and tuple(v.shape) != tuple(ours[k].shape)]
+    missing = [k for k, p in ours.items() if p.requires_grad and k not in sd]
+    if unknown or wrong or missing:
+        raise ValueError(f"the adapter does not match the model's: unknown {unknown[:3]}, wrong shape {wrong[:3]}, "
+                         f"missing {missing[:3]} (another learner.lora rank or targets?)")
+    return sd
+
+
+def load_model(policy, optim, sched, weights: dict, optim_sd: dict, sched_sd: dict, strict: bool = True) -> None:
+    """`weights`: from `checked_weights`, or `checked_subset` with strict=False (the rest is kept)."""
+    options = FULL_LOAD if strict else StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(policy, {"lm." + k: v for k, v in weights.items()}, options=options)
     set_optimizer_state_dict(policy, optim, optim_sd, options=FULL_LOAD)
     _unshare(optim, optim_sd)
     sched.load_state_dict(sched_sd)
