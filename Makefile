@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) -m memr1.bench.train_step --json runs/bench/train_step.json
 	$(PY) -m memr1.bench.loop --json runs/bench/loop.json
 	$(PY) -m memr1.bench.episodes --generation --json runs/bench/episodes.json
+	$(PY) -m memr1.bench.lora --json runs/bench/lora.json
 
 clean:
 	rm -rf build *.egg-info memory_store/_core*.so kernels/_native*.so

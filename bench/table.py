@@ -38,7 +38,7 @@ EMPTY = "No measuring run in results/ yet: results/README.md says how one is add
 
 # The benches of the speed table, in the README's order; any other bench follows, by name.
 ORDER = ("e2e", "train_step", "rollout", "loop", "kernels", "attention", "memory_ops", "episodes", "rollouts",
-         "op_probe", "gpu_learner")
+         "op_probe", "gpu_learner", "lora")
 # Which entries a README table shows, per bench: (regex on the entry's name, "all" or "worst"). A pattern
 # takes every entry it matches, in the bench's order, or with "worst" only the one least favourable to
 # memr1 (over sizes or group sizes: the README shows no best case). A bench not listed here, or whose
@@ -47,7 +47,8 @@ ORDER = ("e2e", "train_step", "rollout", "loop", "kernels", "attention", "memory
 # benches whose entries are learning results (EM points on a split), tabled apart from speed
 LEARNING = ("learning", "headroom", "op_targets")
 README_PICK = {
-    "e2e": ((r"^SmolLM2-135M-Instruct: memr1_noskip over trl_vllm", "all"),),
+    "e2e": ((r"^SmolLM2-135M-Instruct: memr1_noskip over trl_vllm", "all"),
+            (r"refill over skip-only, wall per informative group$", "all")),
     "train_step": ((r"memr1_noshare over trl_compact", "worst"), (r"memr1 over trl,", "worst")),
     "rollout": ((r"^manager: .* over vllm", "worst"),),
     "loop": ((r"^SmolLM2-135M-Instruct: max_staleness 1 over 0", "all"),),
@@ -55,6 +56,7 @@ README_PICK = {
                 (r"^gae .*: share of the bandwidth floor$", "worst"),
                 (r"^logprobs .*: time over", "worst")),
     "attention": ((r"dense_mask over memr1_prefix", "worst"),),
+    "lora": ((r".", "all"),),
     "memory_ops": ((r"^(add|update) @ .*: memr1 p99$", "all"), (r"^fork rollout @ .* G=64$", "all"),
                    (r"^compaction @ .*: search p99 during over idle$", "all"),
                    (r"^scale .*: slowest op kind's p50$", "all")),
