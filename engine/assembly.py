@@ -31,6 +31,7 @@ class RunContext:
     swap: object                   # WeightSwap: the frozen answer agent, bank-building managers, the judge
     items: object                  # RunItems of the split the stages draw from
     val_items: object | None = None   # RunItems of the val split, when a stage validates
+    replay: object | None = None      # engine/replay.py's Recording: the run trains on recorded rollouts
 
     @property
     def cfg(self) -> RunConfig:
@@ -50,10 +51,11 @@ class RunContext:
 
 
 def open_context(run: Resolved, split: str = "train", validate: bool = False,
-                 policy_model: Path | None = None) -> RunContext:
+                 policy_model: Path | None = None, replay=None) -> RunContext:
     """Two engines serve the whole run: the policy (from `policy_model` when given, else the base
     model), and one whose weights swap between roles. Under torchrun each rank has its own pair, made
-    in the same order (vLLM's creation is collective)."""
+    in the same order (vLLM's creation is collective). `replay`: the run's Recording (engine/replay.py),
+    which make_stage turns into the stage to train."""
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.swap import WeightSwap
     from memr1.engine.items import RunItems
@@ -66,7 +68,7 @@ def open_context(run: Resolved, split: str = "train", validate: bool = False,
     swap = WeightSwap(make_generator(cfg.generator, cfg.seed), loaded=run.base_model)
     items = RunItems(run, embedder, swap, split)
     val_items = RunItems(run, embedder, swap, "val") if validate else None
-    return RunContext(run, embedder, policy, swap, items, val_items)
+    return RunContext(run, embedder, policy, swap, items, val_items, replay)
 
 
 # ---- stages ----
@@ -89,9 +91,9 @@ def make_stage(ctx: RunContext, name: str, latest: dict, val: bool = False, prob
     items = ctx.val_items if val else ctx.items
     role, scfg = n.role, run.stage(name)
     bank_manager = pick(cfg.stage.bank_manager, latest, "manager", run.base_model)
-    if cfg.rollout.replay and not (val or probe):   # recorded rollouts instead of generated ones
-        from memr1.engine.replay import ReplayStage, read_recording
-        return ReplayStage(name, read_recording(list(cfg.rollout.replay)).steps, run.rank, run.world)
+    if ctx.replay is not None and not (val or probe):   # recorded rollouts instead of generated ones
+        from memr1.engine.replay import ReplayStage
+        return ReplayStage(name, ctx.replay.steps, run.rank, run.world)
     if n.scripted:
         return warm_stage(ctx, name, items, bank_manager)
     sampling = run.rollout_sampling(role)

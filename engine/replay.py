@@ -9,8 +9,10 @@ kept from an expensive run, train the stage they were written for, through the s
   its own weights with the importance weights it applies online (`learner.loss.is_cap`, `learner.anchor`),
   so shards of an older policy train off-policy, corrected as far as the cap allows.
 - Refused in one line before any engine starts: folders of different stages; a stage other than the
-  call-level RL stages (episode shards keep no credit levels, rejection-sampling shards only the kept replies); shards written for another base model or tokenizer
-  (the manifest's SHA-256 of each, checked against the config's base model); a folder with no finished step.
+  call-level RL stages (episode shards keep no credit levels, rejection-sampling shards only the kept
+  replies); shards written for another base model or tokenizer (the manifest's SHA-256 of each, checked
+  against the config's base model); a folder with no finished step.
+The folders are read once (`load`), before the plan; the run hands that Recording on to the stage.
 Validation and the probe still generate, with the learner's weights pushed as in any run.
 """
 from __future__ import annotations
@@ -18,13 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import msgspec
 
 from memr1.engine.config.errors import ConfigError
-from memr1.engine.rollout_files import (RolloutDirError, done, read_manifest, recorded, shard_name,
-                                        shard_problem)
-from memr1.rl.fileio import open_regular
+from memr1.engine.rollout_files import (RolloutDirError, completion_shard, done, read_manifest, read_shard, recorded,
+                                        shard_name)
 from memr1.rl.records import Group, Rollout, TrainBatch
 from memr1.rl.task.stages.calls import reward_metrics
 
@@ -89,14 +89,16 @@ def read_recording(folders: list[str]) -> Recording:
     return Recording(stage, dict(first.get("models") or {}), first.get("tokenizer"), tuple(steps))
 
 
-def configure(cfg):
-    """The config a replayed run trains with (unchanged without rollout.replay): the recorded stage
-    alone, one step per recorded step."""
-    import msgspec
+def load(cfg) -> Recording | None:
+    """The config's recording (rollout.replay), or None when it trains on generated rollouts."""
+    return read_recording(list(cfg.rollout.replay)) if cfg.rollout.replay else None
 
-    if not cfg.rollout.replay:
+
+def configure(cfg, rec: Recording | None):
+    """The config a replayed run trains with (unchanged without a recording): the recorded stage
+    alone, one step per recorded step."""
+    if rec is None:
         return cfg
-    rec = read_recording(list(cfg.rollout.replay))
     stage = msgspec.structs.replace(getattr(cfg.stage, rec.stage), steps=len(rec.steps))
     return msgspec.structs.replace(cfg, stages=[rec.stage],
                                    stage=msgspec.structs.replace(cfg.stage, **{rec.stage: stage}))
@@ -117,24 +119,14 @@ def check_models(rec: Recording, base_model: Path, say=print) -> None:
     say(f"replaying {len(rec.steps)} recorded steps of stage {rec.stage}")
 
 
-def read_table(path: Path) -> pa.Table:
-    try:
-        with open_regular(path) as f:
-            return pq.read_table(f)
-    except (OSError, ValueError, pa.ArrowException) as e:
-        raise RolloutDirError(f"{path}: not a readable Parquet shard ({type(e).__name__})") from None
-
-
 def step_groups(step: RecordedStep) -> tuple[list[Group], int]:
     """The groups of one recorded step, rank by rank in prompt order, and the weight version that
     sampled them."""
     groups, version = [], 0
     for rank in step.ranks:
-        completions = read_table(step.folder / shard_name("completions", step.step, rank))
-        if (problem := shard_problem(completions)) is not None:
-            raise RolloutDirError(f"{step.folder}: step {step.step} rank {rank}: {problem}")
+        completions = completion_shard(step.folder / shard_name("completions", step.step, rank))
         prompts = {r["prompt_key"]: r for r in
-                   read_table(step.folder / shard_name("prompts", step.step, rank)).to_pylist()}
+                   read_shard(step.folder / shard_name("prompts", step.step, rank)).to_pylist()}
         parts = [n[len("reward_"):] for n in completions.column_names if n.startswith("reward_")]
         by_key: dict[str, list[dict]] = {}
         for row in completions.to_pylist():

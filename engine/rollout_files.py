@@ -177,6 +177,25 @@ def shard_problem(table: pa.Table) -> str | None:
     return None
 
 
+def read_shard(path: Path) -> pa.Table:
+    """One Parquet shard; RolloutDirError naming it when it does not read."""
+    try:
+        with open_regular(path) as fh:
+            return pq.read_table(fh)
+    except (OSError, ValueError, pa.ArrowException) as e:   # truncated, empty, a FIFO, a folder
+        raise RolloutDirError(f"{path}: not a readable Parquet shard ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); remove it and rerun "
+                              f"memr1 rollout") from None
+
+
+def completion_shard(path: Path) -> pa.Table:
+    """One completions shard, checked to hold the writer's columns (shard_problem)."""
+    table = read_shard(path)
+    if (problem := shard_problem(table)) is not None:
+        raise RolloutDirError(f"{path}: not a shard memr1 rollout wrote ({problem})")
+    return table
+
+
 def read_completions(out: Path, columns: list[str] | None = None) -> pa.Table:
     """Every finished shard's completions, in (step, rank) order; RolloutDirError naming the first
     shard that is not a Parquet file of the writer's columns."""
@@ -185,15 +204,7 @@ def read_completions(out: Path, columns: list[str] | None = None) -> pa.Table:
         raise RolloutDirError(f"{out}: no completions-*.parquet shard there")
     tables = []
     for f in files:
-        try:
-            with open_regular(f) as fh:
-                table = pq.read_table(fh)
-        except (OSError, ValueError, pa.ArrowException) as e:   # truncated, empty, a FIFO, a folder
-            raise RolloutDirError(f"{f}: not a readable Parquet shard ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); remove it and rerun "
-                                  f"memr1 rollout") from None
-        if (problem := shard_problem(table)) is not None:
-            raise RolloutDirError(f"{f}: not a shard memr1 rollout wrote ({problem})")
+        table = completion_shard(f)
         tables.append(table if columns is None else table.select(columns))
     try:
         return pa.concat_tables(tables, promote_options="default")

@@ -36,19 +36,21 @@ from memr1.engine.config.run import RunConfig, check_writable, load_config, make
 from memr1.engine.config.stages import stage_name
 from memr1.engine.config.toml_out import dump_toml
 from memr1.engine.observe import quiet
-from memr1.engine.replay import check_models, configure as configure_replay, read_recording
+from memr1.engine import replay
 from memr1.engine.stage_driver import train_stage
 from memr1.engine.training import dist as dist_utils
 from memr1.engine.validation import validates
 from memr1.rl.task.data.locomo import DataError
 
 
-def train(cfg: RunConfig) -> dict:
+def train(cfg: RunConfig, recording: replay.Recording | None = None) -> dict:
+    """`recording`: rollout.replay's folders as train_cli read them (read here when not given)."""
     from memr1.engine.compare import evaluate_after
 
     # Under torchrun, join the process group before any engine exists, so vLLM joins it too.
     env_world()   # a WORLD_SIZE that is no rank count stops here, as one error line
-    cfg = configure_replay(cfg)   # idempotent: train_cli has done it for the plan already
+    recording = recording or replay.load(cfg)
+    cfg = replay.configure(cfg, recording)   # the same config train_cli planned
     rank, world = dist_utils.init(cfg.learner.device)
     try:
         run = resolve(cfg, rank, world)
@@ -56,8 +58,8 @@ def train(cfg: RunConfig) -> dict:
         raise ConfigError(str(e)) from None
     say = print if rank == 0 else (lambda *a, **k: None)
     check_data(cfg)
-    if cfg.rollout.replay:   # before any engine starts
-        check_models(read_recording(list(cfg.rollout.replay)), run.base_model, say)
+    if recording is not None:   # before any engine starts
+        replay.check_models(recording, run.base_model, say)
     make_run_dir(run.run_dir)
     quiet.log_to(run.run_dir)
     # Before any engine starts: a run whose checkpoints are all damaged stops here.
@@ -68,7 +70,7 @@ def train(cfg: RunConfig) -> dict:
         say(f"warning: {warning}")
     # the engines (the swapping one serves the frozen answer agent, bank-building managers, extraction
     # and the evals), the embedder and the items, built once for every stage
-    ctx = open_context(run, "train", validate=any(validates(cfg, n) for n in cfg.stages))
+    ctx = open_context(run, "train", validate=any(validates(cfg, n) for n in cfg.stages), replay=recording)
     say(f"{len(ctx.items.convs)} train conversations" + (f", {world} data-parallel ranks" if world > 1 else ""))
     latest: dict[str, Path] = {}   # role -> the checkpoint its newest stage handed on
     finals, stopped, stop_signal = {}, None, None
@@ -120,11 +122,12 @@ def train_cli(args) -> int:
             # The run lives where --resume points, wherever this is started from.
             cfg = msgspec.structs.replace(cfg, run_dir=str(Path(args.resume).resolve()))
         elif args.config:
-            replay = [f"rollout.replay={json.dumps(args.from_rollouts)}"] if getattr(args, "from_rollouts", None) else []
-            cfg = load_config(args.config, [*args.overrides, *replay])
+            folders = [f"rollout.replay={json.dumps(args.from_rollouts)}"] if getattr(args, "from_rollouts", None) else []
+            cfg = load_config(args.config, [*args.overrides, *folders])
         else:
             raise ConfigError("memr1 train needs --config FILE or --resume RUN_DIR")
-        cfg = configure_replay(cfg)   # --from-rollouts: the recorded stage alone, a step per recorded step
+        recording = replay.load(cfg)   # --from-rollouts: the recorded stage alone, a step per recorded step
+        cfg = replay.configure(cfg, recording)
         if getattr(args, "profile", False) and not cfg.profile.steps:
             from memr1.engine.observe.profiling import DEFAULT_STEPS, ProfileConfig
             cfg = msgspec.structs.replace(cfg, profile=ProfileConfig(steps=list(DEFAULT_STEPS)))
@@ -138,7 +141,7 @@ def train_cli(args) -> int:
         if not fits:
             print(text)
             raise ConfigError("the plan does not fit this machine (see above); nothing was started")
-        out = train(cfg)
+        out = train(cfg, recording)
     except (ConfigError, DataError, CheckpointError) as e:   # user errors: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import torch
 
 from memr1.engine.checkpoints.files import tokenizer_digest, weights_digest
 from memr1.engine.config.errors import ConfigError
-from memr1.engine.replay import ReplayStage, check_models, configure, read_recording
+from memr1.engine.replay import ReplayStage, check_models, configure, load, read_recording
 from memr1.engine.rollout_files import open_dir, write_shard
 from memr1.memory_store import HashEmbedder
 from memr1.rl.records import Group, Rollout, Sample, TrainBatch
@@ -165,12 +165,15 @@ def test_configure_trains_the_recorded_stage_a_step_per_recorded_step(tmp_path):
         write_shard(tmp_path, s, 0, r, 1.0)
     cfg = load_config("configs/default.toml", ['stages=["answer_warm", "answer"]',
                                                f"rollout.replay={json.dumps([str(tmp_path)])}"])
-    got = configure(cfg)
+    rec = load(cfg)
+    assert [s.step for s in rec.steps] == [0, 1, 2]
+    got = configure(cfg, rec)
     assert got.stages == ["manager"] and got.stage.manager.steps == 3
     from memr1.engine.config.plan import plan_text
     assert "manager           3 recorded steps replayed from" in plan_text(got)[0]
-    assert configure(got) == got and configure(msgspec.structs.replace(cfg, rollout=msgspec.structs.replace(
-        cfg.rollout, replay=()))).stages == ["answer_warm", "answer"]
+    plain = msgspec.structs.replace(cfg, rollout=msgspec.structs.replace(cfg.rollout, replay=()))
+    assert configure(got, load(got)) == got and load(plain) is None and configure(plain, load(plain)).stages == [
+        "answer_warm", "answer"]
 
 
 @pytest.mark.slow

@@ -122,10 +122,9 @@ def save(learner, stage_dir: str, step: int, data_state: dict | None = None, mod
             copy_model_files(model_dir, tmp)
         save_file(sd["model"], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if "adapter" in sd:   # LoRA: the adapter as `peft.PeftModel.from_pretrained(base, <ckpt>/adapter)` reads it
-            adapter_dir = os.path.join(tmp, ADAPTER_DIR)
-            os.makedirs(adapter_dir)
-            save_file(sd["adapter"], os.path.join(adapter_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
-            learner.adapter_config(model_dir).save_pretrained(adapter_dir)
+            os.makedirs(os.path.join(tmp, ADAPTER_DIR))
+            save_file(sd["adapter"], os.path.join(tmp, ADAPTER_FILES[0]), metadata={"format": "pt"})
+            learner.adapter_config(model_dir).save_pretrained(os.path.join(tmp, ADAPTER_DIR))
         torch.save(sd["optimizer"], os.path.join(tmp, "optimizer.pt"))
         torch.save(sd["scheduler"], os.path.join(tmp, "scheduler.pt"))
         if "critic" in sd:

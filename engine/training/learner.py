@@ -317,10 +317,10 @@ class Learner:
         def full(name):
             with span("weight_export"):
                 return dist_utils.full_tensor(params[name].detach())
-        named = ((n, full(n)) for n in params)
-        if self.lora_scale is not None:   # each adapted weight merged with its A and B (gathered alongside)
-            named = lora.merged_items(((n, full(n)) for n in params if not lora.is_adapter(n)), full,
-                                      self.lora_scale)
+        if self.lora_scale is None:
+            named = ((n, full(n)) for n in params)
+        else:   # each adapted weight merged with its A and B (gathered alongside)
+            named = lora.merged_items(params, full, self.lora_scale)
         for name, t in named:
             yield name, t
             del t

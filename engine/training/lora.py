@@ -15,7 +15,7 @@ adapter-only updates, so the push moves as many bytes as a full-model push.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -53,12 +53,14 @@ def scaling(cfg) -> float:
     return cfg.alpha / cfg.rank
 
 
-def merged_items(named: Iterator[tuple[str, torch.Tensor]], get, scale: float) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, merged tensor) for every non-adapter parameter of `named` (name -> tensor pairs of the
-    adapted model); `get(name)` returns another parameter's full tensor (A and B of an adapted weight)."""
-    for name, t in named:
+def merged_items(names: Iterable[str], get, scale: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, merged tensor) for every non-adapter parameter among `names` (the adapted model's),
+    one at a time; `get(name)` returns a parameter's full tensor (an adapted weight's A and B are
+    fetched beside it)."""
+    for name in names:
         if is_adapter(name):
             continue
+        t = get(name)
         if name.endswith(BASE + ".weight"):
             prefix = name[: -len(BASE + ".weight")]
             a, b = get(f"{prefix}.lora_A.{ADAPTER}.weight"), get(f"{prefix}.lora_B.{ADAPTER}.weight")
@@ -69,7 +71,7 @@ def merged_items(named: Iterator[tuple[str, torch.Tensor]], get, scale: float) -
 def split_state(sd: dict[str, torch.Tensor], scale: float) -> tuple[dict, dict]:
     """A full state dict of the adapted model -> (merged weights by HF name, the adapter in peft's
     saved layout: `base_model.model.<module>.lora_A.weight`)."""
-    merged = dict(merged_items(iter(sd.items()), sd.__getitem__, scale))
+    merged = dict(merged_items(sd, sd.__getitem__, scale))
     adapter = {"base_model.model." + k.replace(f".{ADAPTER}.", "."): v for k, v in sd.items() if is_adapter(k)}
     return merged, adapter
 

@@ -116,8 +116,7 @@ def with_refill(stage, step: int, generator, first: Rollout) -> Rollout:
             if k in extra.metrics:
                 metrics[k] = metrics.get(k, 0) + extra.metrics[k]
     groups = keep[:want] or first.batch.groups   # none informative: the step as drawn (it trains nothing)
-    metrics.update(refill_drawn=drawn, refill_dropped=want + drawn - len(keep),
-                   informative_groups=sum(informative(g) for g in groups))
+    metrics.update(refill_drawn=drawn, refill_dropped=want + drawn - len(keep))
     return Rollout(TrainBatch(groups, first.batch.weight_version), metrics, samples)
 
 
@@ -156,15 +155,14 @@ def greedy_once(generator, prompts: list, max_new_tokens: int) -> tuple[list, in
 
 class CallStage:
     """What the two call-level stages share: a step's items (this rank's share), rolled out by the
-    stage's `rollout_items`, and refilled when `refill` is on."""
+    stage's `rollout_items`, refilled when `refill` is on, and the step's informative groups counted."""
 
     def rollout(self, step: int, generator) -> Rollout:
         first = self.rollout_items(step_items(self.items, step, self.cfg.prompts_per_step, self.ctx.rank, self.ctx.world),
                                    generator)
-        if self.refill:
-            return with_refill(self, step, generator, first)
-        first.metrics["informative_groups"] = sum(informative(g) for g in first.batch.groups)
-        return first
+        out = with_refill(self, step, generator, first) if self.refill else first
+        out.metrics["informative_groups"] = sum(informative(g) for g in out.batch.groups)
+        return out
 
 
 @dataclass
