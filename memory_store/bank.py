@@ -270,7 +270,7 @@ class MemoryBank:
     def save(self, path: str | os.PathLike) -> "MemoryBank":
         """Write this bank (a fork included) as a bank of its own at a new path, and open it."""
         core = self._core.fork()  # one state for both reads, whatever other threads apply meanwhile
-        memories, vectors = compaction.live_rows(core)
+        memories, vectors, _ = compaction.live_rows(core)
         return MemoryBank._write_new(path, Manifest(FORMAT, VERSION, self.config, 0, core.next_id, core.lsn,
                                                     len(memories), new_bank_id()), vectors, memories, "save a bank to")
 

@@ -39,7 +39,7 @@ import numpy as np
 from memr1.memory_store import _core
 from memr1.memory_store.errors import BankBusy, BankError, BankIOError
 from memr1.memory_store.schema import FORMAT, VERSION, BankConfig, Manifest, Memory, new_bank_id, replay
-from memr1.memory_store.segment import Segment, memory_segment
+from memr1.memory_store.segment import RowIndex, Segment, memory_segment
 from memr1.memory_store.segment_io import CarriedVectors
 from memr1.memory_store.storage import (check_lock, commit_generation, discard_generation, open_generation,
                                         prepare_generation, remove_stale)
@@ -111,30 +111,33 @@ def report_failure(bank) -> None:
     warnings.warn(f"automatic compaction of bank {bank.path} failed: {e}", RuntimeWarning, stacklevel=4)
 
 
-def live_rows(snap, base: Segment | None = None, base_file: Path | None = None) -> tuple[list[Memory], object]:
-    """A state's live memories and their vectors, id order (snap: a fork nobody writes). The records
-    are listed once without the GIL, then turned into Python objects a slice per GIL hold. With `base`
+def live_rows(snap, base: Segment | None = None, base_file: Path | None = None) -> tuple[list[Memory], object, RowIndex]:
+    """A state's live memories, their vectors and their RowIndex, id order (snap: a fork nobody
+    writes). The records are listed once without the GIL, then turned into Python objects a slice per
+    GIL hold; the RowIndex comes from native columns, not from the objects. With `base`
     (snap's base segment), a row the base holds is its Memory there (the same version: a changed row
     lives in the delta), so only the delta's rows are made. With `base_file` too (base's vectors.f32),
     the vectors are CarriedVectors: only the delta's rows are read from memory, the rest are copied
     from that file when the new base is written."""
     rows = snap.live_rows()
+    index = RowIndex.of_columns(*rows.columns())
     if base is None:
         memories = []
         for start in range(0, len(rows), ROWS_PER_SLICE):
             memories += [Memory(*row) for row in rows.slice(start, start + ROWS_PER_SLICE)]
-        return memories, rows.vectors()
+        return memories, rows.vectors(), index
     at = rows.base_rows()
     fresh = np.flatnonzero(at < 0)
-    held = base.memories
-    memories = [held[r] if r >= 0 else None for r in at.tolist()]
+    held = np.empty(len(base.memories) + 1, dtype=object)   # row -1 (the delta's) picks the None at the end
+    held[:-1] = base.memories
+    memories = held[at].tolist()   # in C loops, not a Python pass over the rows
     for start in range(0, len(fresh), ROWS_PER_SLICE):
         some = fresh[start:start + ROWS_PER_SLICE]
         for i, row in zip(some.tolist(), rows.tuples(some)):
             memories[i] = Memory(*row)
     if base_file is None:
-        return memories, rows.vectors()
-    return memories, CarriedVectors(base_file, at, rows.vectors(fresh))
+        return memories, rows.vectors(), index
+    return memories, CarriedVectors(base_file, at, rows.vectors(fresh)), index
 
 
 def build(snap, config: BankConfig, path, previous: Manifest | None, segment: Segment | None = None) -> Generation:
@@ -143,15 +146,15 @@ def build(snap, config: BankConfig, path, previous: Manifest | None, segment: Se
     started = time.perf_counter()
     on_disk = path is not None and previous is not None and segment is not None and len(segment)
     base_file = path / f"base-{previous.generation}" / "vectors.f32" if on_disk else None
-    memories, vectors = live_rows(snap, segment, base_file)
+    memories, vectors, index = live_rows(snap, segment, base_file)
     manifest = Manifest(FORMAT, VERSION, config, previous.generation + 1 if previous else 1, snap.next_id, snap.lsn,
                         len(memories), previous.bank_id if previous else new_bank_id())
     log = None
     if path is None:
-        base = memory_segment(vectors, memories, config)
+        base = memory_segment(vectors, memories, config, index)
     else:
         manifest, built = prepare_generation(path, manifest, vectors, memories,
-                                             (previous, segment) if previous and segment is not None else None)
+                                             (previous, segment) if previous and segment is not None else None, index)
         try:
             base, log = open_generation(path, manifest, config, True, memories, built)
         except BaseException:

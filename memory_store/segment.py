@@ -8,7 +8,6 @@ Segment files are never modified or truncated once renamed into place, so a mapp
 for as long as it lives, even after the writer deletes the file.
 """
 import ctypes
-import functools
 import os
 import shutil
 import stat
@@ -43,6 +42,34 @@ class SearchResult(NamedTuple):
     scores: np.ndarray  # float32 cosine similarity
 
 
+class RowIndex(NamedTuple):
+    """A base's rows grouped by speaker (`by_speaker`: ascending int64 rows) and versioned (`ids`,
+    `updated`: int64 per row; a memory whose pair is unchanged has the same vector). Made once per
+    segment: from the native columns when a compaction makes the rows (`of_columns`), so its thread
+    holds the GIL for no per-row Python pass while other threads search; from the Memory objects when
+    a base is read from disk (`of_memories`)."""
+    by_speaker: dict[str, np.ndarray]
+    ids: np.ndarray
+    updated: np.ndarray
+
+    @classmethod
+    def of_memories(cls, memories: list[Memory]) -> "RowIndex":
+        n = len(memories)
+        by_speaker: dict[str, list[int]] = {}
+        for row, m in enumerate(memories):
+            by_speaker.setdefault(m.speaker, []).append(row)
+        return cls({s: np.asarray(rows, np.int64) for s, rows in by_speaker.items()},
+                   np.fromiter((m.id for m in memories), np.int64, n), np.fromiter((m.updated for m in memories), np.int64, n))
+
+    @classmethod
+    def of_columns(cls, ids: np.ndarray, updated: np.ndarray, speakers: np.ndarray) -> "RowIndex":
+        """From LiveRows.columns(): speaker codes, named by _core.speaker_name."""
+        order = np.argsort(speakers, kind="stable")   # rows ascending within each speaker
+        codes, starts = np.unique(speakers[order], return_index=True)
+        groups = np.split(order.astype(np.int64), starts[1:])
+        return cls({_core.speaker_name(int(c)): g for c, g in zip(codes.tolist(), groups)}, ids, updated)
+
+
 def _check_size(file, size: int, need: int) -> None:
     if size < need:
         raise BankFormatError(f"{file} shrank to {max(size, 0)} bytes under this open bank, which maps {need}: "
@@ -56,7 +83,7 @@ class Segment:
     building its graphs took (graph.GraphCheck each; none for a segment read from disk)."""
 
     def __init__(self, vectors: np.ndarray, memories: list[Memory], graphs: dict[str, "_core.Graph"],
-                 orphans: dict[str, list[int]] | None = None, checks: tuple = ()):
+                 orphans: dict[str, list[int]] | None = None, checks: tuple = (), index: RowIndex | None = None):
         self.vectors = vectors
         self.memories = memories
         # The file a base read from disk maps its vectors from, and the bytes the mapping covers (see
@@ -67,8 +94,8 @@ class Segment:
         self.graphs = graphs
         self.checks = checks
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
-        speakers = np.array([m.speaker for m in memories], dtype=object)
-        self.rows_by_speaker = {s: np.flatnonzero(speakers == s).astype(np.int64) for s in set(speakers.tolist())}
+        self.index = index if index is not None else RowIndex.of_memories(memories)
+        self.rows_by_speaker = self.index.by_speaker
         none = np.empty(0, np.int64)
         # What a search scores besides the graphs' candidates: per speaker, and for all speakers (None).
         # A base with no graph is scanned whole instead (plan), so it needs none.
@@ -108,10 +135,10 @@ class Segment:
             weakref.finalize(self, os.close, fd)
             self._graph_files.append((fd, os.fstat(fd).st_size, file))
 
-    @functools.cached_property
+    @property
     def versions(self) -> tuple[np.ndarray, np.ndarray]:
         """(id, updated) of each row, int64: a memory whose pair is unchanged has the same vector."""
-        return versions(self.memories)
+        return self.index.ids, self.index.updated
 
     def plan(self, speaker: str | None) -> tuple[np.ndarray | None, list]:
         """(base rows scored exactly, graphs whose candidates are scored too) for a search of `speaker`;
@@ -131,11 +158,6 @@ class Previous(NamedTuple):
     folder: Path
     speakers_indexed: list[str]
     segment: "Segment"
-
-
-def versions(memories: list[Memory]) -> tuple[np.ndarray, np.ndarray]:
-    n = len(memories)
-    return (np.fromiter((m.id for m in memories), np.int64, n), np.fromiter((m.updated for m in memories), np.int64, n))
 
 
 def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.ndarray, np.ndarray],
@@ -165,20 +187,17 @@ def fold_plan(previous: Previous, speaker: str, keys: np.ndarray, new: tuple[np.
     return path, u64(removed), (u64(kept_from[moved]), u64(kept_to[moved])), u64(added)
 
 
-def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfig, previous: Previous | None = None,
+def build_indexes(vectors: np.ndarray, index: RowIndex, config: BankConfig, previous: Previous | None = None,
                   folder: Path | None = None) -> tuple[dict[str, "_core.Graph"], dict[str, list[int]], tuple]:
     """A graph per speaker with at least `hnsw_threshold` rows, checked so that no row is lost
     (graph.py), carried over from `previous` where it can be (fold_plan), saved in `folder` (the i-th
     speaker in order as hnsw-<i>.usearch) or kept in memory; the native graphs, the rows each leaves
     to exact scans (speakers with none are left out) and what each build took (GraphCheck)."""
-    by_speaker: dict[str, list[int]] = {}
-    for row, m in enumerate(memories):
-        by_speaker.setdefault(m.speaker, []).append(row)
-    indexed = sorted(s for s, rows in by_speaker.items() if len(rows) >= config.hnsw_threshold)
-    new = versions(memories) if previous else None
+    indexed = sorted(s for s, rows in index.by_speaker.items() if len(rows) >= config.hnsw_threshold)
+    new = (index.ids, index.updated) if previous else None
     graphs, orphans, checks = {}, {}, []
     for i, speaker in enumerate(indexed):
-        keys = np.asarray(by_speaker[speaker], dtype=np.uint64)
+        keys = index.by_speaker[speaker].astype(np.uint64)
         path = folder / f"hnsw-{i}.usearch" if folder is not None else None
         plan = fold_plan(previous, speaker, keys, new, config) if previous else None
         if plan is not None:
@@ -192,11 +211,12 @@ def build_indexes(vectors: np.ndarray, memories: list[Memory], config: BankConfi
     return graphs, orphans, tuple(checks)
 
 
-def write_segment(folder: Path, vectors, memories: list[Memory], config: BankConfig,
-                  previous: Previous | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]], dict,
-                                                             tuple]:
+def write_segment(folder: Path, vectors, memories: list[Memory], config: BankConfig, previous: Previous | None = None,
+                  index: RowIndex | None = None) -> tuple[list[str], dict[str, tuple[int, int]], dict[str, list[int]],
+                                                          dict, tuple]:
     """Write a complete segment at `folder` atomically (`vectors`: an array, or CarriedVectors), its
-    graphs carried over from `previous` where they can be. Returns the speakers that got an HNSW
+    graphs carried over from `previous` where they can be (`index`: the rows', if the caller has it).
+    Returns the speakers that got an HNSW
     index, each file's (size, CRC32C) and each graph's orphan rows (for the manifest), the native
     graphs (views of the files written, for open_segment) and what building them took."""
     tmp = folder.with_name(folder.name + ".tmp")
@@ -208,7 +228,7 @@ def write_segment(folder: Path, vectors, memories: list[Memory], config: BankCon
     # without the GIL: disk writes, CRC32C and usearch's insertion).
     rows_settled = Settling([tmp / "vectors.f32", tmp / "records.msgpack"])
     try:
-        graphs, orphans, checks = build_indexes(vectors, memories, config, previous, tmp)
+        graphs, orphans, checks = build_indexes(vectors, index or RowIndex.of_memories(memories), config, previous, tmp)
     finally:
         files = rows_settled.result()
     speakers = sorted(graphs)
@@ -243,12 +263,13 @@ def verify_segment(folder: Path, files: dict[str, tuple[int, int]], speakers_ind
 
 def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], base_rows: int,
                  files: dict[str, tuple[int, int]], memories: list[Memory] | None = None,
-                 orphans: dict[str, list[int]] | None = None, graphs: dict | None = None, checks: tuple = ()) -> Segment:
+                 orphans: dict[str, list[int]] | None = None, graphs: dict | None = None, checks: tuple = (),
+                 index: RowIndex | None = None) -> Segment:
     """Open a segment. `files`: the manifest's (size, CRC32C) of each file. `orphans`:
     the manifest's rows each graph leaves to exact scans. `memories` and `graphs`:
     its rows and native graphs as the caller just wrote them (compaction, whose write_segment computed
     the checksums from the same bytes), which are then neither checksummed nor read again; `checks`
-    what building those graphs took."""
+    what building those graphs took; `index`, the rows' RowIndex, if the caller has it."""
     path = folder / "records.msgpack"
     try:
         for name in segment_files(speakers_indexed):  # a FIFO would hang the reads below
@@ -289,7 +310,7 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
         if speaker not in graphs or any(not 0 <= r < base_rows for r in rows):
             raise BankFormatError(f"{folder.parent}/MANIFEST.json: graph_orphans of {speaker!r} name no graph's "
                                   f"rows: the bank is damaged")
-    segment = Segment(vectors, memories, graphs, orphans, checks)
+    segment = Segment(vectors, memories, graphs, orphans, checks, index)
     try:
         segment.watch_graphs([folder / f"hnsw-{i}.usearch" for i in range(len(speakers_indexed))])
     except OSError as e:
@@ -297,11 +318,13 @@ def open_segment(folder: Path, config: BankConfig, speakers_indexed: list[str], 
     return segment
 
 
-def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig) -> Segment:
+def memory_segment(vectors: np.ndarray, memories: list[Memory], config: BankConfig,
+                   index: RowIndex | None = None) -> Segment:
     """A segment for a bank with no folder (in-memory banks and forks of them)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(memories), config.dim)
-    graphs, orphans, checks = build_indexes(vectors, memories, config)
-    return Segment(vectors, memories, graphs, orphans, checks)
+    index = index or RowIndex.of_memories(memories)
+    graphs, orphans, checks = build_indexes(vectors, index, config)
+    return Segment(vectors, memories, graphs, orphans, checks, index)
 
 
 def state_over(config: BankConfig, segment: Segment, manifest):

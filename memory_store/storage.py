@@ -90,10 +90,11 @@ def write_generation(path: Path, manifest: Manifest, vectors, memories) -> Manif
     return manifest
 
 
-def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None) -> tuple:
+def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previous: tuple | None = None,
+                       index=None) -> tuple:
     """Write base-<gen>/ and an empty log-<gen>.oplog, not committed yet; returns the manifest that
     commits them (with the segment's files), and the segment's native graphs with what building them
-    took (for open_generation).
+    took and the rows' RowIndex (`index`, if given; for open_generation).
     `previous`: (the generation's manifest, its segment), whose graphs the new ones are carried over
     from where they can be. On failure this call's files are removed (BankIOError)."""
     gen = manifest.generation
@@ -103,7 +104,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
             old, segment = previous
             before = Previous(path / f"base-{old.generation}", old.speakers_indexed, segment)
         speakers, files, orphans, graphs, checks = write_segment(path / f"base-{gen}", vectors, memories, manifest.config,
-                                                                 before)
+                                                                 before, index)
         log = path / f"log-{gen}.oplog"
         log.unlink(missing_ok=True)  # a leftover of an interrupted compaction to this generation
         _core.OpLog.create(str(log), gen, manifest.bank_id)
@@ -113,7 +114,7 @@ def prepare_generation(path: Path, manifest: Manifest, vectors, memories, previo
             raise
         raise BankIOError(f"bank {path}: cannot write generation {gen}: {e.strerror or e}; the bank is "
                           f"unchanged", e.errno or 0) from None
-    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans), (graphs, checks)
+    return msgspec.structs.replace(manifest, speakers_indexed=speakers, files=files, graph_orphans=orphans), (graphs, checks, index)
 
 
 def commit_generation(path: Path, manifest: Manifest) -> None:
@@ -144,9 +145,9 @@ def open_generation(path: Path, manifest: Manifest, config: BankConfig, writable
     `memories` and `built`: the segment's rows, and its native graphs with what building them took (as
     prepare_generation returns them), when the caller just wrote them (not read back)."""
     gen = manifest.generation
-    graphs, checks = built if built is not None else (None, ())
+    graphs, checks, index = built if built is not None else (None, (), None)
     segment = open_segment(path / f"base-{gen}", config, manifest.speakers_indexed, manifest.base_rows,
-                           manifest.files, memories, manifest.graph_orphans, graphs, checks)
+                           manifest.files, memories, manifest.graph_orphans, graphs, checks, index)
     return segment, _core.OpLog(str(path / f"log-{gen}.oplog"), writable, SYNC[config.fsync], config.fsync_every,
                                 gen, manifest.bank_id)
 

@@ -15,7 +15,7 @@ import pytest
 from bank_model import ModelBank, assert_same, model_after, op_stream
 from memr1.memory_store import Add, BankError, Delete, InvalidInput, MemoryBank, Noop, Update, compaction
 from memr1.memory_store.schema import FORMAT, VERSION, Manifest, Memory, apply_op
-from memr1.memory_store.segment import memory_segment, state_over
+from memr1.memory_store.segment import RowIndex, memory_segment, state_over
 from memr1.memory_store.segment_io import CarriedVectors, encode_memories, write_vectors
 
 DIM = 16
@@ -176,7 +176,7 @@ def test_rebased_state_equals_the_state_read_back_from_its_segment():
     for op in ops[300:]:
         bank.apply(op)
     snap = bank._core.fork()
-    memories, vectors = compaction.live_rows(snap)
+    memories, vectors, _ = compaction.live_rows(snap)
     segment = memory_segment(vectors, memories, bank.config)
     rebased = snap.rebased(segment.vectors)
     read_back = state_over(bank.config, segment, Manifest(FORMAT, VERSION, bank.config, 1, snap.next_id, snap.lsn,
@@ -234,10 +234,16 @@ def test_a_base_carried_over_equals_one_written_whole(tmp_path, monkeypatch, ker
     for op in ops[300:]:
         bank.apply(op)
     snap = bank._core.fork()
-    plain, whole = compaction.live_rows(snap)
+    plain, whole, _ = compaction.live_rows(snap)
     base_file = tmp_path / "b" / f"base-{bank._manifest.generation}" / "vectors.f32"
-    reused, carried = compaction.live_rows(snap, bank._segment, base_file)
+    reused, carried, index = compaction.live_rows(snap, bank._segment, base_file)
     assert reused == plain and isinstance(carried, CarriedVectors)
+    # the RowIndex made from native columns is the one the Memory objects give
+    want = RowIndex.of_memories(plain)
+    assert sorted(index.by_speaker) == sorted(want.by_speaker) and len(want.by_speaker) > 1
+    assert all(np.array_equal(index.by_speaker[s], rows) and rows.dtype == index.by_speaker[s].dtype
+               for s, rows in want.by_speaker.items())
+    assert np.array_equal(index.ids, want.ids) and np.array_equal(index.updated, want.updated)
     assert (carried.rows >= 0).sum() > 30 and (carried.rows < 0).sum() > 30  # both kinds of rows
     assert all(m is bank._segment.memories[r] for m, r in zip(reused, carried.rows.tolist()) if r >= 0)
     written = write_vectors(tmp_path / "carried.f32", carried, len(plain), DIM)

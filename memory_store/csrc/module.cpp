@@ -109,6 +109,8 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     return crc32c(0, info.ptr, static_cast<size_t>(info.size * info.itemsize));
   });
+  m.def("speaker_name", [](uint32_t code) { return speaker_name(code); },  // under the GIL: ops intern new ones
+        "the speaker a code of LiveRows.columns() stands for");
   m.def("file_crc32c", &file_crc32c, py::arg("path"), "(size, CRC32C) of a file",
         py::call_guard<py::gil_scoped_release>());
 
@@ -195,6 +197,25 @@ PYBIND11_MODULE(_core, m) {
         }
         return out;
       }, py::arg("rows") = py::none())
+      // (ids, updated, speaker codes) of the rows, id order: what a compaction groups and versions the
+      // rows by without a Python object per row (so it holds no GIL for it); speaker_name(code) names a code.
+      .def("columns", [](const LiveRows& l) {
+        const auto n = static_cast<py::ssize_t>(l.recs.size());
+        py::array_t<int64_t> ids(n), updated(n);
+        py::array_t<uint32_t> speakers(n);
+        int64_t* pi = ids.mutable_data();
+        int64_t* pu = updated.mutable_data();
+        uint32_t* ps = speakers.mutable_data();
+        {
+          py::gil_scoped_release nogil;  // the arrays are not visible to any other thread yet
+          for (size_t i = 0; i < l.recs.size(); ++i) {
+            pi[i] = l.recs[i]->id;
+            pu[i] = l.recs[i]->updated;
+            ps[i] = l.recs[i]->speaker;
+          }
+        }
+        return py::make_tuple(ids, updated, speakers);
+      })
       // Each row's row in the snapshot's base segment, or -1 for a row of the delta (int64, id order):
       // where a compaction can copy a row's vector from the base's file instead of from memory.
       .def("base_rows", [](const LiveRows& l) {
