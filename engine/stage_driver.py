@@ -40,17 +40,18 @@ def train_stage(ctx: RunContext, name: str, latest: dict, ckpt: Path | None = No
         print(f"stage {name}: {st['items']} items from {st['calls']} calls, {st['guard_questions']} guard questions, "
               f"{st['unreachable_questions']} of {st['questions']} questions unreachable, dead_items {st['dead_items']}")
     learner = Learner(run.learner(name), str(start_model), lr=s.lr, temperature=run.temperature(name), seed=run.seed)
-    if learner.lora_scale is not None and run.rank == 0:
-        lo = run.learner(name).lora
-        print(f"stage {name}: LoRA rank {lo.rank} on {', '.join(lo.targets)}: {learner.trainable_params:,} of "
-              f"{learner.total_params:,} parameters train; the generator receives merged weights (its backend "
-              f"takes no adapter-only update)")
     start = 0
     if ckpt is not None:  # resume: same data order (items are picked by step), same weights
         start = int(checkpoint.load(learner, str(ckpt))["step"])
         if run.rank == 0:
             print(f"resuming {name} from {ckpt} at step {start}")
     push_weights(learner, policy, start)  # the engine may still hold the previous stage's policy
+    if learner.lora_scale is not None and run.rank == 0:
+        lo = run.learner(name).lora
+        how = ("adapter-only updates (the base weights went once)" if policy.adapter_base == learner.base_token
+               else "merged weights (its backend holds no adapters)")
+        print(f"stage {name}: LoRA rank {lo.rank} on {', '.join(lo.targets)}: {learner.trainable_params:,} of "
+              f"{learner.total_params:,} parameters train; the generator receives {how}")
     log = RunLog(run.run_dir, name, s.steps, start) if run.rank == 0 else None
 
     def save(step: int) -> None:

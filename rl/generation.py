@@ -55,7 +55,8 @@ class Generator(Protocol):
         loads nothing and draws nothing), then the tensors are streamed and each is released once
         loaded: callers streaming from a sharded learner must pass it. A stream that breaks its
         manifest part-way raises and leaves the generator refusing to generate until a complete
-        update succeeds."""
+        update succeeds. An engine that holds LoRA adapters (`hold_adapters`) also takes
+        `part="adapter"`: their A and B alone (engine.generation.weights.push_weights)."""
         ...
 
     def sleep(self) -> None: ...

@@ -60,25 +60,69 @@ def test_exported_weights_are_the_adapted_model_under_hf_names(tiny):
     assert not torch.allclose(ours, base, atol=1e-3)   # the adapters did move the model
 
 
-def test_the_generator_samples_from_the_learners_adapted_model(tiny_model):
+@pytest.mark.parametrize("adapters", [True, False], ids=["adapter-only", "merged"])
+def test_the_generator_samples_from_the_learners_adapted_model(tiny_model, monkeypatch, adapters):
     """A push of the LoRA learner's weights leaves the generator's log-probs on the learner's model,
-    within the bound the full-model push meets (test_generation_hf.py)."""
+    within the bound the full-model push meets (test_generation_hf.py): adapter-only pushes into the HF
+    backend, which holds the adapters, and merged pushes into a backend that cannot hold them."""
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.config import GeneratorConfig
+    from memr1.engine.generation.hf import HFGenerator
     from memr1.engine.generation.weights import push_weights
     from memr1.rl.generation import SamplingConfig
     from transformers import AutoModelForCausalLM
 
+    if not adapters:
+        monkeypatch.setattr(HFGenerator, "hold_adapters", lambda self, config: False)
     learner = make(tiny_model)
     for s in range(3):
         learner.train_step(make_batch(s))
     gen = make_generator(GeneratorConfig(backend="hf", model=str(tiny_model), max_model_len=64))
     push_weights(learner, gen, 3)
+    assert (gen.adapter_base == learner.base_token) == adapters and bool(gen.adapter_shapes()) == adapters
     flat = gen.generate([[1, 2, 3, 4]], 2, SamplingConfig(temperature=0.9, max_new_tokens=8, ignore_eos=True))[0]
     assert all(c.weight_version == 3 for c in flat)
     assert mean_abs_diff(learner.policy.lm.eval(), flat, 0.9) <= 1e-3
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     assert mean_abs_diff(base, flat, 0.9) > 1e-2
+
+
+def test_adapter_only_pushes_move_the_base_once_per_learner_and_a_full_push_clears_them(tiny_model):
+    """Into the HF backend: a LoRA learner's first push moves its base weights and its adapters, every
+    later one A and B alone (their bytes exactly); a new learner (the next stage) moves its base again;
+    a push of a learner without LoRA (or a checkpoint) zeroes the adapters, so the generator runs exactly
+    the weights it was given; an adapter-only update into an engine holding none is refused in one line."""
+    from memr1.engine.generation import make_generator
+    from memr1.engine.generation.config import GeneratorConfig
+    from memr1.engine.generation.weights import push_weights
+    from memr1.engine.training import lora
+    from memr1.rl.generation import SamplingConfig
+    from transformers import AutoModelForCausalLM
+
+    sampling = SamplingConfig(temperature=0.9, max_new_tokens=8, ignore_eos=True)
+    gen = make_generator(GeneratorConfig(backend="hf", model=str(tiny_model), max_model_len=64))
+    with pytest.raises(ValueError, match="holds no adapters"):
+        gen.update_weights([], 1, part="adapter")
+    learner = make(tiny_model)
+    sizes = {n: p.nbytes for n, p in learner.policy.lm.named_parameters()}
+    adapter_bytes = sum(b for n, b in sizes.items() if lora.is_adapter(n))
+    assert push_weights(learner, gen, 0) == sum(sizes.values())
+    for s in range(2):
+        learner.train_step(make_batch(s))
+        assert push_weights(learner, gen, s + 1) == adapter_bytes
+    flat = gen.generate([[1, 2, 3, 4]], 2, sampling)[0]
+    assert mean_abs_diff(learner.policy.lm.eval(), flat, 0.9) <= 1e-3
+    assert push_weights(make(tiny_model), gen, 3) == sum(sizes.values())   # another learner: its base again
+
+    plain = Learner(LearnerConfig(activation_checkpointing=False), str(tiny_model), lr=1e-3)
+    push_weights(learner, gen, 4)
+    push_weights(plain, gen, 5)
+    assert gen.adapter_base is None
+    assert all(not p.any() for n, p in gen.model.named_parameters() if ".lora_B." in n)
+    flat = gen.generate([[1, 2, 3, 4]], 2, sampling)[0]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    assert mean_abs_diff(base, flat, 0.9) <= 1e-3 and mean_abs_diff(learner.policy.lm.eval(), flat, 0.9) > 1e-2
+    assert push_weights(learner, gen, 6) == sum(sizes.values())   # the base under the adapters was replaced
 
 
 def test_a_checkpoint_loads_in_transformers_and_peft_and_resumes_exactly(tiny, tmp_path):

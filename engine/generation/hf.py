@@ -2,7 +2,11 @@
 fallback where vLLM is absent, not a second engine to optimise.
 
 Logprobs come from the scores `generate` samples from (after temperature / top-k / top-p), so they
-are of the same distribution as the vLLM backend's `processed_logprobs`."""
+are of the same distribution as the vLLM backend's `processed_logprobs`.
+
+LoRA: `hold_adapters` injects peft adapters into the model in place (the learner's own way, so their
+parameter names match the learner's), after which a push may carry A and B alone. The model's base
+weights keep their HF names for updates; peft's `.base_layer` is hidden from the names."""
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +18,11 @@ from memr1.engine.generation.config import GeneratorConfig, engine_dtype
 from memr1.rl.generation import SamplingConfig
 
 DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BASE = ".base_layer."   # peft's module wrapping an adapted weight
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
 
 
 class HFGenerator(Backend):
@@ -32,6 +41,7 @@ class HFGenerator(Backend):
         self.vocab_size = self.model.config.vocab_size
         self.eos_ids = self.stop_token_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.adapters = None   # (rank, alpha, targets) of the adapters held, once hold_adapters injected them
 
     def stop_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -85,12 +95,37 @@ class HFGenerator(Backend):
                 return toks[:j + 1], "stop"
         return toks, "length"
 
+    def params(self) -> dict[str, torch.nn.Parameter]:
+        """Every parameter under the name an update uses: HF names for the model's weights, the
+        adapted model's names for A and B."""
+        return {k if is_adapter(k) else k.replace(BASE, "."): p for k, p in self.model.named_parameters()}
+
     def named_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: tuple(p.shape) for k, p in self.model.named_parameters()}
+        return {k: tuple(p.shape) for k, p in self.params().items() if not is_adapter(k)}
+
+    def adapter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(p.shape) for k, p in self.params().items() if is_adapter(k)}
+
+    def hold_adapters(self, config) -> bool:
+        key = (config.r, config.lora_alpha, tuple(sorted(config.target_modules)))
+        if self.adapters is None:
+            import peft
+
+            self.model = peft.inject_adapter_in_model(config, self.model, adapter_name="default").eval()
+            self.model.requires_grad_(False)
+            self.adapters = key
+            self.reset_adapters()   # peft starts B at zero already; this makes it explicit
+        return self.adapters == key
+
+    @torch.no_grad()
+    def reset_adapters(self) -> None:
+        for name, p in self.model.named_parameters():
+            if ".lora_B." in name:
+                p.zero_()
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        params = self.params()
         for name, t in tensors:
             params[name].copy_(t)  # copy_ casts dtype and device per tensor: no second full copy
             del t

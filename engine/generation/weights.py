@@ -201,15 +201,36 @@ def push_weights(learner, generator, version: int) -> int:
     path from training to generation (the loop's syncs, a stage's start, the benches). The learner
     yields one gathered tensor at a time; the generator checks the manifest before drawing the first
     and moves them in generator.weight_bucket_mb buckets, so neither side holds a second full copy of
-    the model. Every rank must call it: gathering a sharded parameter is a collective."""
+    the model. Every rank must call it: gathering a sharded parameter is a collective.
+
+    A LoRA learner (one with a `base_token`) and a generator that can hold its adapters: the base
+    weights go once per learner (they never change under LoRA), then A and B alone. Otherwise the
+    learner's merged weights go whole."""
+    token = getattr(learner, "base_token", None)
+    hold = getattr(generator, "hold_adapters", None)
+    if token is None or hold is None or not hold(learner.adapter_config()):
+        return export_into(learner, generator, version, "merged")
     exported = 0
+    if generator.adapter_base != token:
+        exported += export_into(learner, generator, version, "base")
+    exported += export_into(learner, generator, version, "adapter")
+    generator.adapter_base = token
+    return exported
+
+
+def export_into(learner, generator, version: int, part: str) -> int:
+    """One part of the learner's export (Learner.export_weights) streamed into the generator; the bytes.
+    The merged part is asked for with no arguments, which any learner and generator take."""
+    exported = 0
+    which = () if part == "merged" else (part,)
 
     def named():
         nonlocal exported
-        for name, t in learner.export_weights():
+        for name, t in learner.export_weights(*which):
             exported += getattr(t, "nbytes", 0)
             yield name, t
             del t  # dropped before the next parameter is gathered
 
-    generator.update_weights(named(), version, manifest=learner.weight_manifest())
+    more = {"part": "adapter"} if part == "adapter" else {}
+    generator.update_weights(named(), version, manifest=learner.weight_manifest(*which), **more)
     return exported

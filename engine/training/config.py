@@ -20,7 +20,7 @@ class LoraConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     alpha: Annotated[float, Meta(gt=0, le=1e6)] = 32.0     # the update is scaled by alpha / rank
     targets: tuple[str, ...] = LORA_TARGETS                 # module names (peft's target_modules)
     dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0       # above 0 the learner's log-probs are no longer
-                                                            # the generator's (it runs merged weights)
+                                                            # the generator's (it runs without dropout)
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -18,6 +18,7 @@ import contextlib
 import math
 import random
 import time
+import uuid
 from typing import Iterator
 
 import numpy as np
@@ -63,12 +64,16 @@ class Learner:
         seed_everything(seed)
         ac, dev = cfg.activation_checkpointing, self.d.device
         lm = load_lm(model_path, attn, ac, dev)
-        self.lora_scale = None   # LoRA (training/lora.py): only the adapters train; weights leave merged
+        self.lora_scale = None   # LoRA (training/lora.py): only the adapters train
+        # Names this learner's base weights, which never change under LoRA: a generator holding adapters
+        # over them takes adapter-only pushes (generation.weights.push_weights); None without LoRA.
+        self.base_token = None
         if cfg.lora.rank:
             if cfg.train_layers:
                 raise ValueError("learner.lora trains the adapters only; set learner.train_layers = 0 with it")
             lm = lora.add_adapters(lm, cfg.lora)
             self.lora_scale = lora.scaling(cfg.lora)
+            self.base_token = uuid.uuid4().hex
         elif cfg.train_layers:
             freeze_below(lm, cfg.train_layers)
         self.trainable_params = sum(p.numel() for p in lm.parameters() if p.requires_grad)
@@ -299,28 +304,40 @@ class Learner:
         self.step = self.version = step
 
     # -- weights out ---------------------------------------------------------------------------------
-    def weight_manifest(self) -> dict[str, tuple[int, ...]]:
-        """HF name -> full shape of exactly what `export_weights` yields, with no collective (a DTensor's
-        shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
-        if self.lora_scale is not None:
-            return {lora.hf_name(n): tuple(p.shape) for n, p in self.policy.lm.named_parameters()
-                    if not lora.is_adapter(n)}
-        return {name: tuple(p.shape) for name, p in self.policy.lm.named_parameters()}
+    def weight_manifest(self, part: str = "merged") -> dict[str, tuple[int, ...]]:
+        """Name -> full shape of exactly what `export_weights(part)` yields, with no collective (a
+        DTensor's shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
+        params = dict(self.policy.lm.named_parameters())
+        return {out: tuple(params[name].shape) for out, name in self._exported(part)}
 
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF name, full tensor) pairs for a generator's `update_weights` (see
-        generation.weights.push_weights). One parameter is gathered at a time and dropped before the next
-        is, so no second full copy of the model ever exists here; the generator buckets them on its side.
-        Every rank must iterate (gathering is a collective)."""
-        params = dict(self.policy.lm.named_parameters())   # named_parameters skips tied duplicates
+    def _exported(self, part: str) -> list[tuple[str, str]]:
+        """(name out, parameter name) of a part: `merged` (every weight by HF name; under LoRA each
+        adapted one merged with its A and B), or under LoRA `base` (the frozen weights by HF name,
+        unmerged) or `adapter` (A and B under the adapted model's names, which a generator holding the
+        same adapters has too)."""
+        names = [n for n, _ in self.policy.lm.named_parameters()]   # named_parameters skips tied duplicates
+        if self.lora_scale is None and part == "merged":
+            return [(n, n) for n in names]
+        if self.lora_scale is None or part not in lora.PARTS:
+            raise ValueError(f"export part {part!r}: {'merged' if self.lora_scale is None else lora.PARTS} only")
+        if part == "adapter":
+            return [(n, n) for n in names if lora.is_adapter(n)]
+        return [(lora.hf_name(n), n) for n in names if not lora.is_adapter(n)]
+
+    def export_weights(self, part: str = "merged") -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, full tensor) pairs of a part (see _exported) for a generator's `update_weights`
+        (see generation.weights.push_weights). One parameter is gathered at a time and dropped before the
+        next is, so no second full copy of the model ever exists here; the generator buckets them on its
+        side. Every rank must iterate (gathering is a collective)."""
+        params = dict(self.policy.lm.named_parameters())
 
         def full(name):
             with span("weight_export"):
                 return dist_utils.full_tensor(params[name].detach())
-        if self.lora_scale is None:
-            named = ((n, full(n)) for n in params)
-        else:   # each adapted weight merged with its A and B (gathered alongside)
+        if self.lora_scale is not None and part == "merged":   # each adapted weight merged with its A and B
             named = lora.merged_items(params, full, self.lora_scale)
+        else:
+            named = ((out, full(name)) for out, name in self._exported(part))
         for name, t in named:
             yield name, t
             del t

