@@ -11,7 +11,8 @@ HNSW search, to place hnsw_threshold), `scale` (bench.memory_scale: memr1's disk
 as fast as one thread makes them, against background compaction with back-pressure: op p99/max, the
 largest delta against its limit, close() after), `compaction` (bench.memory_compaction: search p99 while
 a compaction runs against idle, and compaction CPU per changed row, at each `hnsw_expansion_add` swept,
-with recall).
+with recall), `floor` (bench.memory_floor: memr1's HNSW search p50 against the memory floor of its
+walk on this host: hops x one dependent miss + the vectors at streaming bandwidth).
 Op rows (`op` in add/update/delete/noop/fork) time one call each on a disk bank after its phases, for
 memr1, usearch used as the bank (update = remove + add), the usearch overlay and the numpy matrix
 (fork = copying it). Every call is timed alone; sides alternate in rounds; rows give p50, p99, max and
@@ -35,6 +36,7 @@ import numpy as np
 from memr1.bench.common import headline_entry, print_table, write_json
 from memr1.bench.memory_burst import burst_headline, burst_lines, burst_rows
 from memr1.bench.memory_compaction import compaction_headline, compaction_lines, compaction_rows
+from memr1.bench.memory_floor import floor_headline, floor_lines, floor_rows
 from memr1.bench.memory_impls import ADD, DELETE, DIM, NOOP, UPDATE, alternate, as_memr1, clustered, row
 from memr1.bench.memory_phases import (Scenario, compaction_cost, compaction_mark, cycle_threshold, dirty_sweep_rows,
                                       kind_ops, phase_rows)
@@ -42,7 +44,7 @@ from memr1.bench.memory_rollout import MIX, rollout_rows, thread_rows
 from memr1.bench.memory_scale import scale_rows
 from memr1.memory_store import BankConfig, MemoryBank
 
-SECTIONS = ("phases", "rollout", "threads", "sweep", "scale", "burst", "compaction")
+SECTIONS = ("phases", "rollout", "threads", "sweep", "scale", "burst", "compaction", "floor")
 
 
 def op_rows(scn: Scenario, n_ops: int, n_slow: int, rounds: int) -> list[dict]:
@@ -252,6 +254,7 @@ def headline(rows: list[dict]) -> list[dict]:
                                   "search's p50", unit="share", better="lower", target=0.05))
     out += burst_headline(rows)
     out += compaction_headline(rows, BankConfig(dim=DIM).hnsw_expansion_add)
+    out += floor_headline(rows)
     scale = {(r["op"], r.get("phase")): r for r in rows if r.get("section") == "scale"}
     if scale:
         size = scale[("build", None)]["bank_size"]
@@ -311,6 +314,7 @@ def main(argv=None) -> int:
                 "burst_size": args.burst_size or (20_000 if q else 100_000),
                 "compaction_size": args.compaction_size or (10_000 if q else 100_000),
                 "compaction_cycles": 2 if q else 3,
+                "floor_size": 10_000 if q else 100_000,
                 "burst_max_delta": args.burst_max_delta or (4_096 if q else BankConfig(dim=DIM).auto_compact_max_delta),
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "bank": msgspec.structs.asdict(BankConfig(
@@ -348,13 +352,15 @@ def main(argv=None) -> int:
         if "compaction" in args.only:
             rows += compaction_rows(s["compaction_size"], config, Path(tmp), s["k"], s["queries"], s["n_search"],
                                     s["compaction_cycles"])
+        if "floor" in args.only:
+            rows += floor_rows(s["floor_size"], config, Path(tmp), s["k"], s["queries"], s["n_search"])
         if "scale" in args.only and not q:
             rows += scale_rows(s["scale_size"], config, Path(tmp), s["k"], s["queries"], s["n_search"], s["n_ops"])
     if "sweep" in args.only and not q:
         rows += threshold_sweep(s["sweep_sizes"], s["n_slow"])
     print_table(rows, ["impl", "op", "layout", "bank_size", "phase", "group", "threads", "p50_us", "p99_us", "max_us",
                        "n", "recall_at_k", "delta_rows", "dead_rows", "compacted", "qps"])
-    for line in summary(rows) + burst_lines(rows) + compaction_lines(rows):
+    for line in summary(rows) + burst_lines(rows) + compaction_lines(rows) + floor_lines(rows):
         print("  " + line)
     print(f"  ({time.perf_counter() - t0:.0f}s)")
     write_json(args.json, "memory_ops", rows, headline=headline(rows), settings=settings)

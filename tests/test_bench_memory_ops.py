@@ -134,6 +134,20 @@ def test_the_compaction_section_times_searches_while_it_runs(tmp_path):
     assert compaction_headline(rows, 32) == []
 
 
+def test_the_floor_section_prices_the_walk_from_its_own_counts(tmp_path):
+    """bench.memory_floor: a dependent miss over a buffer far past the caches costs more than over one in
+    L1; the floor row is hops x miss + vectors at the copy bandwidth, from usearch's counts on the bank's
+    own graph, and its headline is memr1's search p50 over it."""
+    from memr1.bench.memory_floor import floor_headline, floor_rows, miss_ns
+    assert miss_ns(64 << 20, steps=200_000) > 3 * miss_ns(16 << 10, steps=200_000)
+    config = BankConfig(dim=clustered(1, seed=0).shape[1], fsync="never", hnsw_threshold=1000)
+    (r,) = floor_rows(3000, config, tmp_path, k=10, n_queries=20, n_search=40)
+    assert r["n"] == 40 and 0 < r["visited"] <= r["distances"] <= 3000 and r["graph_bytes"] > 3000 * config.dim
+    assert r["floor_us"] == pytest.approx((r["visited"] * r["miss_ns"] + r["distances"] * config.dim / r["stream_gbs"]) / 1e3)
+    (h,) = floor_headline([r])
+    assert h["value"] == r["over_floor"] == r["p50_us"] / r["floor_us"] and h["better"] == "lower"
+
+
 def test_recall_is_measured_not_assumed():
     base = clustered(300, seed=6)
     truth = Truth(base)
