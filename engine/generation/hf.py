@@ -42,6 +42,7 @@ class HFGenerator(Backend):
         self.eos_ids = self.stop_token_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.adapters = None   # (rank, alpha, targets) of the adapters held, once hold_adapters injected them
+        self._params = None    # params(), made once per module tree
 
     def stop_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -98,7 +99,9 @@ class HFGenerator(Backend):
     def params(self) -> dict[str, torch.nn.Parameter]:
         """Every parameter under the name an update uses: HF names for the model's weights, the
         adapted model's names for A and B."""
-        return {k if is_adapter(k) else k.replace(BASE, "."): p for k, p in self.model.named_parameters()}
+        if self._params is None:   # walking an adapted model's modules costs milliseconds: once per tree
+            self._params = {k if is_adapter(k) else k.replace(BASE, "."): p for k, p in self.model.named_parameters()}
+        return self._params
 
     def named_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(p.shape) for k, p in self.params().items() if not is_adapter(k)}
@@ -113,13 +116,15 @@ class HFGenerator(Backend):
 
             self.model = peft.inject_adapter_in_model(config, self.model, adapter_name="default").eval()
             self.model.requires_grad_(False)
-            self.adapters = key
+            self.adapters, self._params = key, None
             self.reset_adapters()   # peft starts B at zero already; this makes it explicit
         return self.adapters == key
 
     @torch.no_grad()
     def reset_adapters(self) -> None:
-        for name, p in self.model.named_parameters():
+        if self.adapters is None:
+            return
+        for name, p in self.params().items():
             if ".lora_B." in name:
                 p.zero_()
 

@@ -100,6 +100,9 @@ class Learner:
             self.critic = dist_utils.shard(Critic(backbone, self.hf_config.hidden_size).to(dev), backbone.layers, self.d)
             self.critic_optim = adamw(self.critic.parameters(), cfg.ppo.critic_lr, cfg.betas, cfg.weight_decay)
             self.critic_sched = warmup_schedule(self.critic_optim, cfg.warmup_steps)
+        # Parameter names and full shapes, fixed from here on (a DTensor's shape is global): a push reads
+        # them without walking the module tree, which costs milliseconds on an adapted model.
+        self.param_shapes = {n: tuple(p.shape) for n, p in self.policy.lm.named_parameters()}
         self.step = 0
         self.version = 0
 
@@ -307,15 +310,14 @@ class Learner:
     def weight_manifest(self, part: str = "merged") -> dict[str, tuple[int, ...]]:
         """Name -> full shape of exactly what `export_weights(part)` yields, with no collective (a
         DTensor's shape is global). Pass it as update_weights(manifest=) so the generator streams the export."""
-        params = dict(self.policy.lm.named_parameters())
-        return {out: tuple(params[name].shape) for out, name in self._exported(part)}
+        return {out: self.param_shapes[name] for out, name in self._exported(part)}
 
     def _exported(self, part: str) -> list[tuple[str, str]]:
         """(name out, parameter name) of a part: `merged` (every weight by HF name; under LoRA each
         adapted one merged with its A and B), or under LoRA `base` (the frozen weights by HF name,
         unmerged) or `adapter` (A and B under the adapted model's names, which a generator holding the
         same adapters has too)."""
-        names = [n for n, _ in self.policy.lm.named_parameters()]   # named_parameters skips tied duplicates
+        names = list(self.param_shapes)   # named_parameters' order, tied duplicates skipped
         if self.lora_scale is None and part == "merged":
             return [(n, n) for n in names]
         if self.lora_scale is None or part not in lora.PARTS:
@@ -329,13 +331,13 @@ class Learner:
         (see generation.weights.push_weights). One parameter is gathered at a time and dropped before the
         next is, so no second full copy of the model ever exists here; the generator buckets them on its
         side. Every rank must iterate (gathering is a collective)."""
-        params = dict(self.policy.lm.named_parameters())
+        lm = self.policy.lm
 
         def full(name):
             with span("weight_export"):
-                return dist_utils.full_tensor(params[name].detach())
+                return dist_utils.full_tensor(lm.get_parameter(name).detach())
         if self.lora_scale is not None and part == "merged":   # each adapted weight merged with its A and B
-            named = lora.merged_items(params, full, self.lora_scale)
+            named = lora.merged_items(self.param_shapes, full, self.lora_scale)
         else:
             named = ((out, full(name)) for out, name in self._exported(part))
         for name, t in named:
