@@ -8,6 +8,7 @@ Segment files are never modified or truncated once renamed into place, so a mapp
 for as long as it lives, even after the writer deletes the file.
 """
 import ctypes
+import functools
 import os
 import shutil
 import stat
@@ -54,12 +55,7 @@ class RowIndex(NamedTuple):
 
     @classmethod
     def of_memories(cls, memories: list[Memory]) -> "RowIndex":
-        n = len(memories)
-        by_speaker: dict[str, list[int]] = {}
-        for row, m in enumerate(memories):
-            by_speaker.setdefault(m.speaker, []).append(row)
-        return cls({s: np.asarray(rows, np.int64) for s, rows in by_speaker.items()},
-                   np.fromiter((m.id for m in memories), np.int64, n), np.fromiter((m.updated for m in memories), np.int64, n))
+        return cls(speaker_rows(memories), *versions(memories))
 
     @classmethod
     def of_columns(cls, ids: np.ndarray, updated: np.ndarray, speakers: np.ndarray) -> "RowIndex":
@@ -68,6 +64,18 @@ class RowIndex(NamedTuple):
         codes, starts = np.unique(speakers[order], return_index=True)
         groups = np.split(order.astype(np.int64), starts[1:])
         return cls({_core.speaker_name(int(c)): g for c, g in zip(codes.tolist(), groups)}, ids, updated)
+
+
+def speaker_rows(memories: list[Memory]) -> dict[str, np.ndarray]:
+    by_speaker: dict[str, list[int]] = {}
+    for row, m in enumerate(memories):
+        by_speaker.setdefault(m.speaker, []).append(row)
+    return {s: np.asarray(rows, np.int64) for s, rows in by_speaker.items()}
+
+
+def versions(memories: list[Memory]) -> tuple[np.ndarray, np.ndarray]:
+    n = len(memories)
+    return (np.fromiter((m.id for m in memories), np.int64, n), np.fromiter((m.updated for m in memories), np.int64, n))
 
 
 def _check_size(file, size: int, need: int) -> None:
@@ -94,8 +102,10 @@ class Segment:
         self.graphs = graphs
         self.checks = checks
         self.orphans = {s: np.asarray(rows, np.int64) for s, rows in (orphans or {}).items() if rows}
-        self.index = index if index is not None else RowIndex.of_memories(memories)
-        self.rows_by_speaker = self.index.by_speaker
+        # A compaction hands its RowIndex on; a base read from disk groups its rows here and versions
+        # them only when a compaction first asks (readers never do).
+        self._index = index
+        self.rows_by_speaker = index.by_speaker if index is not None else speaker_rows(memories)
         none = np.empty(0, np.int64)
         # What a search scores besides the graphs' candidates: per speaker, and for all speakers (None).
         # A base with no graph is scanned whole instead (plan), so it needs none.
@@ -135,10 +145,10 @@ class Segment:
             weakref.finalize(self, os.close, fd)
             self._graph_files.append((fd, os.fstat(fd).st_size, file))
 
-    @property
+    @functools.cached_property
     def versions(self) -> tuple[np.ndarray, np.ndarray]:
         """(id, updated) of each row, int64: a memory whose pair is unchanged has the same vector."""
-        return self.index.ids, self.index.updated
+        return (self._index.ids, self._index.updated) if self._index is not None else versions(self.memories)
 
     def plan(self, speaker: str | None) -> tuple[np.ndarray | None, list]:
         """(base rows scored exactly, graphs whose candidates are scored too) for a search of `speaker`;
