@@ -52,6 +52,7 @@ def worker(impl: str, model: str, rank: int, steps: int, pushes: int, out: str) 
     from memr1.bench.common import status_mb
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.config import GeneratorConfig
+    from memr1.engine.generation.weights import is_adapter
     from memr1.engine.training.config import LearnerConfig, LoraConfig
     from memr1.engine.training.learner import Learner
 
@@ -71,8 +72,7 @@ def worker(impl: str, model: str, rank: int, steps: int, pushes: int, out: str) 
     cfg = GeneratorConfig(backend="hf", model=model, dtype="float32", max_model_len=1024)
     gen = make_generator(cfg)
     ms, pushed = pushes_into(learner, gen, pushes)
-    adapter = sum(p.numel() * p.element_size() for n, p in learner.policy.lm.named_parameters()
-                  if ".lora_A." in n or ".lora_B." in n)
+    adapter = sum(p.numel() * p.element_size() for n, p in learner.policy.lm.named_parameters() if is_adapter(n))
     got = {"impl": impl, "peak_rss_mb": peak, "step_ms": statistics.median(times[1:] or times) * 1e3,
            "push_ms": ms, "push_bytes": pushed, "decode_tok_s": decode_rate(gen),
            "trainable_params": learner.trainable_params, "total_params": learner.total_params,

@@ -15,14 +15,10 @@ import torch
 from memr1.engine.generation.backend import Backend, Sample
 from memr1.engine.generation.base import cut_at_stop
 from memr1.engine.generation.config import GeneratorConfig, engine_dtype
+from memr1.engine.generation.weights import hf_name, is_adapter
 from memr1.rl.generation import SamplingConfig
 
 DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BASE = ".base_layer."   # peft's module wrapping an adapted weight
-
-
-def is_adapter(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
 
 
 class HFGenerator(Backend):
@@ -100,7 +96,7 @@ class HFGenerator(Backend):
         """Every parameter under the name an update uses: HF names for the model's weights, the
         adapted model's names for A and B."""
         if self._params is None:   # walking an adapted model's modules costs milliseconds: once per tree
-            self._params = {k if is_adapter(k) else k.replace(BASE, "."): p for k, p in self.model.named_parameters()}
+            self._params = {hf_name(k): p for k, p in self.model.named_parameters()}
         return self._params
 
     def named_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -18,6 +18,19 @@ from memr1.rl.fileio import safetensors_header
 
 # Names a checkpoint may carry as an alias of another tensor (tied embeddings): accepted and skipped.
 TIED_ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
+# peft's names in an adapted model (the learner's with LoRA, and an HF generator holding adapters): a
+# target `...q_proj.weight` becomes `...q_proj.base_layer.weight` beside `...q_proj.lora_A.default.weight`
+# and `...lora_B.default.weight`.
+PEFT_BASE = ".base_layer"
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def hf_name(name: str) -> str:
+    """A parameter's name in the model without adapters."""
+    return name.replace(PEFT_BASE + ".", ".")
 
 
 def checkpoint_manifest(model_dir: Path) -> dict[str, tuple[int, ...]]:

@@ -20,9 +20,10 @@ from typing import Iterable, Iterator
 
 import torch
 
+from memr1.engine.generation.weights import PEFT_BASE as BASE, hf_name, is_adapter
+
 ADAPTER = "default"   # peft's adapter name; one adapter per learner
 PARTS = ("merged", "base", "adapter")   # what a LoRA learner can export (Learner.export_weights)
-BASE = ".base_layer"
 
 
 def add_adapters(lm: torch.nn.Module, cfg) -> torch.nn.Module:
@@ -40,15 +41,6 @@ def add_adapters(lm: torch.nn.Module, cfg) -> torch.nn.Module:
     for name, p in lm.named_parameters():
         p.requires_grad_(is_adapter(name))
     return lm
-
-
-def is_adapter(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
-
-
-def hf_name(name: str) -> str:
-    """A parameter's name in the model without adapters."""
-    return name.replace(BASE + ".", ".")
 
 
 def scaling(cfg) -> float:
