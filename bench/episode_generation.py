@@ -112,7 +112,7 @@ def generation_child(out: str, group: int = 4, sessions: int = 2, inner_n: int =
 
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg = run.cfg
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train")
+    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train", kind=cfg.data.kind)
     items = episode_items(convs, facts_for(convs, None, run.task.extract, None), cfg.manager.turns_per_call, sessions)
     gen = make_generator(cfg.generator, run.seed)
     gen.generate([[{"role": "user", "content": "Hello"}]], 1, GREEDY.with_tokens(4))  # warm-up, untimed

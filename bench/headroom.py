@@ -5,7 +5,9 @@ operations cannot beat ADD-every-fact by much even when they are perfect, RL on 
     python -m memr1.bench.headroom RUN_DIR [RUN_DIR ...] --json PATH
 
 Each RUN_DIR is a finished `memr1 train` run with `"add_all"` in eval_after and both roles trained, such
-as the runs `bench.learning` leaves (`d<D>s<S>`). The reader is the run's trained answer agent; per run,
+as the runs `bench.learning` leaves (`d<D>s<S>`), or a run with no manager RL stage, whose "trained"
+pipeline is then its warm manager's (a task's pre-registration, configs/budget.toml). The reader is the
+run's last answer agent (the `reader` column names its stage and banks); per run,
 one row per metric with a column per bank source:
   oracle      the synthetic oracle's banks (perfect operations)
   add_all     every fact ADDed, nothing updated or deleted
@@ -58,16 +60,28 @@ def reports(run: Path, split: str) -> dict[str, dict]:
     return out
 
 
+def reader_of(cfg: dict) -> str:
+    """Which answer agent reads every column: the run's last answer stage that hands on its weights."""
+    stages = [s for s in cfg.get("stages", ["answer"]) if s.startswith("answer") and not s.endswith(("_control", "_rs"))]
+    last = stages[-1] if stages else "base model"
+    banks = cfg.get("stage", {}).get(last, {}).get("banks") if last == "answer_warm" else cfg.get("items", {}).get(
+        "answer_banks")
+    return f"{last} ({banks} banks)" if banks else last
+
+
 def rows_of(run: Path, resamples: int = 2000, seed: int = 0) -> list[dict]:
     cfg = run_config(run)
     split, data_seed = cfg.get("eval_split", "test"), cfg.get("data", {}).get("seed")
     rep = reports(run, split)
+    if "manager" not in cfg.get("stages", ["manager"]) and "trained" in rep:
+        # no manager RL (a task's pre-registration run): the run's last manager is its warm start
+        rep.setdefault("warm", rep.pop("trained"))
     comp = compare_reports(rep["add_all"], rep["oracle"], resamples, seed)
     out = []
     for metric in ("em", "f1"):
         c = comp[metric]
         no = c["delta"] < THRESHOLD and c["ci_low"] is not None and c["ci_low"] <= 0 <= c["ci_high"]
-        out.append({"run": run.name, "data_seed": data_seed, "reader": "trained answer agent", "metric": metric,
+        out.append({"run": run.name, "data_seed": data_seed, "reader": reader_of(cfg), "metric": metric,
                     **{col: rep[col]["metrics"]["overall"][metric] if col in rep else None for col in SOURCES},
                     "headroom": c["delta"], "ci_low": c["ci_low"], "ci_high": c["ci_high"], "n": c["n"],
                     "split": split, "no_headroom": bool(no)})

@@ -83,7 +83,7 @@ def smollm2_setup(dtype: str | None = None) -> Setup:
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg, scfg = run.cfg, run.stage("answer")
     embedder = make_embedder(cfg)
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train")
+    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train", kind=cfg.data.kind)
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
     gcfg = cfg.generator if dtype is None else msgspec.structs.replace(cfg.generator, dtype=dtype)
     gen = make_generator(gcfg, run.seed)

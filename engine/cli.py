@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True)
     synth.add_argument("--conversations", type=int, default=20)
     synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--kind", choices=("synthetic", "budget"), default="synthetic",
+                       help="the default set, or the budgeted task's (rl/task/data/budget.py)")
     stats = data.add_parser("stats", help="count conversations, sessions, turns and QA of a LoCoMo file")
     stats.add_argument("path")
     stats.add_argument("--json", action="store_true")

@@ -35,9 +35,9 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
     make_run_dir(run_dir)
     quiet.log_to(run_dir)
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split=split)
+    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split=split, kind=cfg.data.kind)
     if not convs:
-        source = cfg.data.path or f"the synthetic set (data.n={cfg.data.n}, data.seed={cfg.data.seed})"
+        source = cfg.data.path or f"the {cfg.data.kind} set (data.n={cfg.data.n}, data.seed={cfg.data.seed})"
         raise ValueError(f"{source} has no conversations in split {split!r}")
     if models and ecfg.baseline == "base":
         raise ValueError("eval.baseline='base' evaluates the untrained model; drop the checkpoints")
@@ -61,7 +61,7 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
                       cache_dir=banks_dir, facts_dir=facts_dir, model_id=ids["answer"], judge=judge,
                       count_tokens=count_tokens, context_limit=cfg.generator.max_model_len,
                       bank_overrides={"fsync": cfg.bank.fsync}, batch_size=cfg.generator.batch_size)
-    report["data"] = cfg.data.path or f"synthetic(n={cfg.data.n}, seed={cfg.data.seed})"
+    report["data"] = cfg.data.path or f"{cfg.data.kind}(n={cfg.data.n}, seed={cfg.data.seed})"
     report["models"], report["weight_swaps"] = ids, swap.swaps
     report["bank_cache"], report["facts_cache"] = str(banks_dir), str(facts_dir)
     out_dir = run_dir / "eval"

@@ -39,7 +39,8 @@ class RunItems:
 
     def __init__(self, run, embedder, swap, split: str = "train"):
         self.run, self.cfg, self.embedder, self.swap, self.split = run, run.cfg, embedder, swap, split
-        self.convs = load_conversations(self.cfg.data.path or None, self.cfg.data.n, self.cfg.data.seed, split=split)
+        self.convs = load_conversations(self.cfg.data.path or None, self.cfg.data.n, self.cfg.data.seed, split=split,
+                                        kind=self.cfg.data.kind)
         self.by_id = {c.sample_id: c for c in self.convs}
         self._facts = None
         self._memo: dict = {}
@@ -130,10 +131,10 @@ class RunItems:
         return {k: builds[h.sample_id].bank if h.sample_id in builds else stand_in for k, (h, _) in histories.items()}
 
     def answer(self, stage: str, manager: Path | None, probe: bool = False) -> list:
-        """Answer items on the banks `items.answer_banks` names (warm starts: the oracle's): the oracle's,
+        """Answer items on the banks `items.answer_banks` names (warm starts: `stage.answer_warm.banks`): the oracle's,
         banks built by `manager` (the run's latest), or the oracle's and ADD-every-fact banks alternately;
         `probe`: the items held out of training for the probe curve (`carve`)."""
-        source = "oracle" if stage_name(stage).kind == "warm" else self.cfg.items.answer_banks
+        source = self.cfg.stage.answer_warm.banks if stage_name(stage).kind == "warm" else self.cfg.items.answer_banks
         key = ("answer", str(manager) if source == "manager" else source)
         if key not in self._memo:
             oracle = lambda: {c.sample_id: oracle_bank(None, c, self.embedder) for c in self.convs}
@@ -155,8 +156,8 @@ class RunItems:
         return self.carve(self._memo[key], stage)[probe]
 
     def format_pool(self, role: str, pool_seed: int | None, examples: int) -> tuple[list, dict]:
-        """A format start's items (`WarmConfig`): at most `examples` warm items of the synthetic set of
-        `pool_seed` (None: the run's own train split), on the oracle's banks with the oracle's facts,
+        """A format start's items (`WarmConfig`): at most `examples` warm items of the built-in set of the
+        run's kind and `pool_seed` (None: the run's own train split), on the oracle's banks with the oracle's facts,
         and the conversations they come from."""
         if pool_seed is None:
             its, convs = (self.manager(f"{role}_warm") if role == "manager" else self.answer(f"{role}_warm", None)), \
@@ -165,7 +166,7 @@ class RunItems:
         if not self.cfg.data.path and pool_seed == getattr(self.cfg.data, "seed", 0):
             raise ValueError(f"stage.{role}_warm.pool_seed = {pool_seed} is the data set's own seed (data.seed): "
                              f"the format pool must be disjoint from train, val and test; pick another seed")
-        convs = load_conversations(None, FORMAT_POOL_CONVERSATIONS, pool_seed, split="train")
+        convs = load_conversations(None, FORMAT_POOL_CONVERSATIONS, pool_seed, split="train", kind=self.cfg.data.kind)
         if role == "manager":
             specs = manager_calls(convs, {c.sample_id: oracle_facts(c) for c in convs},
                                   self.run.task.manager.turns_per_call, every_call=True)

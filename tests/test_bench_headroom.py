@@ -45,3 +45,13 @@ def test_a_run_without_add_all_banks_is_named(tmp_path):
     (run / "eval" / "test.trained_answer.add_all_manager.json").unlink()
     with pytest.raises(SystemExit, match="add_all"):
         headroom.rows_of(run)
+
+
+def test_a_run_without_manager_rl_reports_its_warm_manager_and_names_the_reader(tmp_path):
+    """A pre-registration run (configs/budget.toml: answer_warm, manager_warm, manager_control): its
+    "trained" pipeline is the warm manager's, so the table must not call it trained."""
+    run = make_run(tmp_path, "d0", [1, 0, 1, 1], [1, 0, 0, 0], 0)
+    (run / "config.toml").write_text('eval_split = "test"\nstages = ["answer_warm", "manager_warm", "manager_control"]\n'
+                                     '\n[data]\nseed = 0\n\n[stage.answer_warm]\nbanks = "mix"\n')
+    em = [r for r in headroom.rows_of(run, resamples=50) if r["metric"] == "em"][0]
+    assert em["trained"] is None and em["warm"] == 25.0 and em["reader"] == "answer_warm (mix banks)"

@@ -8,7 +8,8 @@ import pytest
 from memr1.engine.cli import main as cli_main
 from memr1.rl.task.data.locomo import load_locomo
 from memr1.rl.task.data.oracle import apply_oracle
-from memr1.rl.task.data.synthetic import call_ops, load_synthetic, split_for, synth_cli, synthesize
+from memr1.rl.task.data import load_conversations
+from memr1.rl.task.data.synthetic import call_ops, split_for, synth_cli, synthesize
 
 N = 40
 
@@ -160,9 +161,9 @@ def test_variety_and_categories(data):
 
 def test_split_and_loader(data):
     assert [split_for(i) for i in range(10)] == ["train"] * 8 + ["val", "test"]
-    convs = load_synthetic(N, seed=3)
+    convs = load_conversations(None, N, seed=3)
     assert Counter(c.split for c in convs) == {"train": 32, "val": 4, "test": 4}
-    assert [c.sample_id for c in load_synthetic(N, seed=3, split="val")] == ["synth-3-0008", "synth-3-0018",
+    assert [c.sample_id for c in load_conversations(None, N, seed=3, split="val")] == ["synth-3-0008", "synth-3-0018",
                                                                              "synth-3-0028", "synth-3-0038"]
     assert convs[0].oracle == data[0]["memr1_oracle"]
     assert all(q.kind for c in convs for q in c.qa)
@@ -175,9 +176,9 @@ def test_synth_cli_writes_a_loadable_file(tmp_path, capsys):
     convs = load_locomo(out)
     assert len(convs) == 12 and convs[0].sample_id == "synth-7-0000"
     assert json.loads(out.read_text()) == synthesize(12, seed=7)
-    assert synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0)) == 2
+    assert synth_cli(SimpleNamespace(out=str(out), conversations=0, seed=0, kind="synthetic")) == 2
     assert "--conversations must be 1 to" in capsys.readouterr().err
-    assert synth_cli(SimpleNamespace(out=str(out), conversations=10 ** 9, seed=0)) == 2   # refused at once
+    assert synth_cli(SimpleNamespace(out=str(out), conversations=10 ** 9, seed=0, kind="synthetic")) == 2   # refused at once
     assert "--conversations must be 1 to" in capsys.readouterr().err
     # a device where the file cannot be written (a full disk, /proc) is one line, and no torn file stays
     assert cli_main(["data", "synth", "--out", "/proc/memr1-synth.json", "--conversations", "1"]) == 2

@@ -180,3 +180,23 @@ def test_a_run_s_answer_stage_reads_the_mix_when_configured():
     oracle_sizes = {c.sample_id: len(oracle_bank(None, c, HashEmbedder(dim=32))) for c in items.convs}
     assert [len(it.bank) == oracle_sizes[it.conversation] for it in warm] == [True] * len(warm)
     assert {len(it.bank) == oracle_sizes[it.conversation] for it in trained} == {True, False}
+
+
+def test_a_reader_warm_start_reads_the_mix_when_its_banks_say_so():
+    """stage.answer_warm.banks = "mix": the supervised reader's items alternate the oracle's and
+    ADD-every-fact banks (configs/budget.toml); the manager's warm start and a format pool refuse it."""
+    from types import SimpleNamespace
+
+    from memr1.engine.config.errors import ConfigError
+    from memr1.engine.config.run import load_config
+    from memr1.engine.items import RunItems
+
+    run = SimpleNamespace(cfg=load_config(None, ["data.n=20", "stage.answer_warm.banks=mix"]), seed=0)
+    items = RunItems(run, HashEmbedder(dim=32), None, "val")
+    items._facts = {c.sample_id: oracle_facts(c) for c in items.convs}
+    oracle_sizes = {c.sample_id: len(oracle_bank(None, c, HashEmbedder(dim=32))) for c in items.convs}
+    assert {len(it.bank) == oracle_sizes[it.conversation] for it in items.answer("answer_warm", None)} == {True, False}
+    with pytest.raises(ConfigError, match="manager_warm.banks"):
+        load_config(None, ["stage.manager_warm.banks=mix"])
+    with pytest.raises(ConfigError, match="pool_seed"):
+        load_config(None, ["stage.answer_warm.banks=mix", "stage.answer_warm.pool_seed=7"])

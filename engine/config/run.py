@@ -40,6 +40,9 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the synthetic set's seed: another seed is another whole set (train, val and test alike), with its own
     # sample ids (synth-<seed>-<index>), so caches keyed by sample id never mix sets; ignored when `path` is given
     seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+    # which built-in set (ignored when `path` is given): "synthetic" (rl/task/data/synthetic.py) or "budget",
+    # the budgeted task of rl/task/data/budget.py (configs/budget.toml)
+    kind: Literal["synthetic", "budget"] = "synthetic"
 
 
 class BankSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -290,5 +293,11 @@ def check(cfg: RunConfig, where: str, by_key: dict | None = None) -> None:
         if stage_name(name).kind == "warm" and name in cfg.stages and getattr(cfg.stage, name).group_size != 1:
             raise ConfigError(f"{where}: stage.{name}.group_size must be 1: a warm start trains one scripted "
                               f"reply per prompt")
+    if cfg.stage.manager_warm.banks != "oracle":
+        raise ConfigError(f"{at('stage.manager_warm.banks')}: stage.manager_warm.banks: only answer_warm reads "
+                          f"banks of a choice; the manager's warm start always sees the oracle's")
+    if cfg.stage.answer_warm.banks == "mix" and cfg.stage.answer_warm.pool_seed is not None:
+        raise ConfigError(f"{at('stage.answer_warm.banks')}: stage.answer_warm.banks = 'mix' reads the run's own "
+                          f"train split; a format start's pool (pool_seed) has the oracle's banks only")
     if cfg.reward.kind == "judge" and cfg.judge.kind == "off":
         raise ConfigError(f"{where}: reward.kind = 'judge' needs judge.kind = 'local' or 'openai'")

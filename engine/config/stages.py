@@ -9,7 +9,7 @@ splits one, so a mistyped name fails at config load.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple
 
 import msgspec
 from msgspec import Meta
@@ -33,6 +33,9 @@ class WarmConfig(StageConfig, kw_only=True, frozen=True, forbid_unknown_fields=T
     synthetic set of its own seed, disjoint from the run's train, val and test, cycled for the steps."""
     examples: Annotated[int, Meta(ge=0, le=1_000_000)] = 0    # 0: every train item of the run
     pool_seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None   # None: the run's own train split
+    # answer_warm only: the banks its examples read, the oracle's or "mix" (the oracle's and ADD-every-fact
+    # banks alternately, items.answer_banks' "mix"), so a supervised reader has seen stale copies
+    banks: Literal["oracle", "mix"] = "oracle"
 
 
 class RSConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -113,6 +113,9 @@ class RewardConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     # the answer agent's top-k slots from the stale memory beside them) and never UPDATEs; one memory
     # per fact stays free, so an ADD of a new fact costs nothing.
     memory_penalty: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+    # the free zone's size, in memories per fact read (rounded down): 1 is one memory per fact; below 1 a
+    # manager must merge or update to stay free (configs/budget.toml sets what its oracle needs)
+    memory_free_per_fact: Annotated[float, Meta(ge=0, le=1)] = 1.0
 
 
 def answer_score(prediction: str, gold: str, kind: str, judge_label: str | None = None) -> float:
@@ -135,7 +138,9 @@ def manager_reward(answer_scores: list[float], parsed: bool, invalid_ops: int, c
                    growth: int = 0, facts: int = 0) -> dict[str, float]:
     """The manager's reward parts: the frozen answer agent's mean score on the edited bank (the
     paper's outcome reward), minus the format, invalid-op and memory-growth penalties (`growth`: the
-    memories the applied ops added, net of deletions; `facts`: the facts the call read, its free zone)."""
+    memories the applied ops added, net of deletions; `facts`: the facts the call read, which size its
+    free zone)."""
     outcome = sum(answer_scores) / len(answer_scores) if answer_scores else 0.0
     return {cfg.kind: outcome, "format": 0.0 if parsed else -cfg.format_penalty,
-            "invalid_op": -cfg.invalid_op_penalty * invalid_ops, "memory": -cfg.memory_penalty * max(0, growth - facts)}
+            "invalid_op": -cfg.invalid_op_penalty * invalid_ops,
+            "memory": -cfg.memory_penalty * max(0, growth - math.floor(cfg.memory_free_per_fact * facts))}

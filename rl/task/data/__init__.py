@@ -44,11 +44,26 @@ def detect_format(path) -> str:
     return kinds[0]
 
 
-def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None = None) -> list[Conversation]:
-    """Synthetic conversations (n, seed) when `path` is None, else the file's; optionally one split."""
+SYNTHETIC_KINDS = ("synthetic", "budget")   # synthetic.py's set, budget.py's budgeted task
+
+
+def synthesize(n: int, seed: int, kind: str = "synthetic") -> list[dict]:
+    """A built-in set as LoCoMo-format dicts: `kind` names its generator (SYNTHETIC_KINDS)."""
+    if kind == "budget":
+        from memr1.rl.task.data.budget import synthesize_budget
+        return synthesize_budget(n, seed)
+    if kind != "synthetic":
+        raise ValueError(f"synthetic data kind must be one of {', '.join(SYNTHETIC_KINDS)}, got {kind!r}")
+    from memr1.rl.task.data.synthetic import synthesize as default_set
+    return default_set(n, seed)
+
+
+def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None = None,
+                       kind: str = "synthetic") -> list[Conversation]:
+    """The built-in set of `kind` (n, seed) when `path` is None, else the file's; optionally one split."""
     if path is None:
-        from memr1.rl.task.data.synthetic import load_synthetic
-        convs = load_synthetic(n, seed)
+        from memr1.rl.task.data.locomo import parse_locomo
+        convs = parse_locomo(synthesize(n, seed, kind), source=f"{kind}(n={n}, seed={seed})")
     else:
         fmt = detect_format(path)
         if fmt == "locomo":

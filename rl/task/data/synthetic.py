@@ -31,7 +31,6 @@ from pathlib import Path
 
 from memr1.rl.task.data import synth_text as T
 from memr1.rl.task.data.synth_questions import questions
-from memr1.rl.task.data.locomo import Conversation, parse_locomo
 from memr1.rl.fileio import write_atomic
 
 EVENT_OF = {"add": "ADD", "more": "UPDATE", "move": "UPDATE", "new": "UPDATE", "change": "UPDATE",
@@ -76,11 +75,11 @@ def split_for(index: int) -> str:
     return {8: "val", 9: "test"}.get(index % 10, "train")
 
 
-def _fmt_date(d: dt.date) -> str:
+def fmt_date(d: dt.date) -> str:
     return f"{d.day} {T.MONTHS[d.month - 1]} {d.year}"
 
 
-def _fmt_datetime(d: dt.date, rng: random.Random) -> str:
+def fmt_datetime(d: dt.date, rng: random.Random) -> str:
     hour, minute = rng.randint(1, 12), rng.randint(0, 59)
     return f"{hour}:{minute:02d} {rng.choice(['am', 'pm'])} on {d.day} {T.MONTHS[d.month - 1]}, {d.year}"
 
@@ -122,11 +121,11 @@ class _Speaker:
             v["day"], v["partner"] = self._draw("day", None), self._draw("partner", None)
         when = self.rng.choice(T.WHEN) if kind in T.DATED else ""
         if when == " yesterday":
-            on_date = "on " + _fmt_date(date - dt.timedelta(days=1))
+            on_date = "on " + fmt_date(date - dt.timedelta(days=1))
         elif when == " last week":
-            on_date = "the week before " + _fmt_date(date)
+            on_date = "the week before " + fmt_date(date)
         else:
-            on_date = "on " + _fmt_date(date)
+            on_date = "on " + fmt_date(date)
         pet = v.get("pet", "")
         return dict(v, name=self.name, old=old, when=when, on_date=on_date, pets=T.plural(pet, v.get("n", 1)),
                     pets_any=T.plural(pet, 2))
@@ -154,7 +153,7 @@ def _one_conversation(seed: int, index: int) -> dict:
     date = dt.date(2022, 1, 1) + dt.timedelta(days=rng.randint(0, 500))
     for s_idx, chunk in enumerate(chunks, start=1):
         date += dt.timedelta(days=rng.randint(3, 40))
-        conv[f"session_{s_idx}_date_time"] = _fmt_datetime(date, rng)
+        conv[f"session_{s_idx}_date_time"] = fmt_datetime(date, rng)
         turns = []
 
         def say(speaker: str, text: str) -> str:
@@ -177,7 +176,7 @@ def _one_conversation(seed: int, index: int) -> dict:
                 event = "ADD"   # e.g. a move mentioned before any home city was known, a job after quitting
             entry = {"dia_id": dia_id, "speaker": name, "slot": f"{name}/{slot}", "event": event,
                      "fact": fact, "memory": fact if event in ("ADD", "UPDATE") else old,
-                     "date": _fmt_date(date)}
+                     "date": fmt_date(date)}
             if old is not None:
                 entry["old_memory"] = old
             timeline.append(entry)
@@ -206,11 +205,6 @@ def synthesize(n: int = 20, seed: int = 0) -> list[dict]:
     if n < 1:
         raise ValueError(f"number of conversations must be >= 1, got {n}")
     return [_one_conversation(seed, i) for i in range(n)]
-
-
-def load_synthetic(n: int = 20, seed: int = 0, split: str | None = None) -> list[Conversation]:
-    convs = parse_locomo(synthesize(n, seed), source=f"synthetic(n={n}, seed={seed})")
-    return [c for c in convs if split is None or c.split == split]
 
 
 def call_ops(timeline: list[dict], dia_ids) -> list[dict]:
@@ -255,7 +249,7 @@ MAX_CONVERSATIONS = 10_000
 
 
 def synth_cli(args) -> int:
-    """`memr1 data synth --out PATH [--conversations N --seed S]`."""
+    """`memr1 data synth --out PATH [--conversations N --seed S --kind synthetic|budget]`."""
     out = Path(args.out)
     # Only the file is created: a mistyped folder is an error, not a new directory tree.
     problem = ("is a directory" if out.is_dir() else
@@ -264,7 +258,8 @@ def synth_cli(args) -> int:
         print(f"error: --out {out}: {problem}" if problem else
               f"error: --conversations must be 1 to {MAX_CONVERSATIONS}, got {args.conversations}", file=sys.stderr)
         return 2
-    data = synthesize(args.conversations, args.seed)
+    from memr1.rl.task.data import synthesize as of_kind   # the package imports this module: import late
+    data = of_kind(args.conversations, args.seed, args.kind)
     try:   # whole or not at all: a full disk leaves no torn file behind
         write_atomic(out, json.dumps(data, indent=1))
     except OSError as e:
