@@ -205,7 +205,7 @@ class MemoryBank:
                     self._job = None  # a job inherited by a forked process: its thread does not exist here
 
     def _check_writable(self) -> None:
-        if self.read_only or self._closed or self._batching:
+        if self.read_only or self._closed or self._closing or self._batching:
             raise write_refusal(self)
         if self._failed is not None:
             compaction.report_failure(self)
@@ -281,7 +281,8 @@ class MemoryBank:
 
     def close(self) -> None:
         """A background compaction in flight commits first; none starts after it (compaction.auto), so
-        close waits for at most one, whose catch-up back-pressure bounds."""
+        close waits for at most one, whose catch-up back-pressure bounds. From its first line on, an op
+        from another thread is refused unapplied (BankError, "closing"), so none lands during the wait."""
         with self._write:
             if self._batching:  # before waiting: the job in flight would wait for this thread's lock
                 raise write_refusal(self)

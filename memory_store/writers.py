@@ -37,6 +37,8 @@ def write_refusal(bank) -> BankError:
                          f"to the bank); write after apply_batch returns")
     if bank._closed:
         return BankError(f"bank {bank.path} is closed")
+    if bank._closing:
+        return BankError(f"bank {bank.path} is closing (close() was called): the op was not applied")
     if bank._forked_from is not None:
         return ReadOnlyBank(f"bank {bank.path} was opened for writing by pid {bank._forked_from}; this process "
                             f"(pid {os.getpid()}) was forked from it and may only read this handle: open the "

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from memr1.memory_store import Add, BankBusy, InvalidInput, MemoryBank, Noop
+from memr1.memory_store import Add, BankBusy, BankError, InvalidInput, MemoryBank, Noop
 from memr1.memory_store.schema import MAX_COUNT
 
 DIM = 4
@@ -155,3 +155,26 @@ def test_the_bench_burst_row_reports_the_bound(tmp_path):
     assert r["p99_us"] <= r["max_us"] and r["close_s"] >= 0
     head = {h["name"]: h for h in burst_headline([r])}
     assert head["burst @ 2,000: delta rows past the limit"]["met"]
+
+
+def test_an_op_after_close_began_is_refused_unapplied(tmp_path, gate):
+    """Ops from another thread while close() waits for the compaction in flight would land with no
+    compaction left to fold them in: they are refused, one line, and nothing acknowledged is lost."""
+    bank = MemoryBank.create(tmp_path / "b", dim=DIM, fsync="never", auto_compact_min_rows=16)
+    for i in range(60):
+        bank.apply(Add(f"m{i}", vector(i), "A"))
+    assert bank.compacting
+    closer = threading.Thread(target=bank.close, daemon=True)
+    closer.start()
+    deadline = time.monotonic() + 30
+    while not bank._closing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for call in (lambda: bank.apply(Add("late", vector(99), "A")), lambda: bank.apply_batch([Noop()])):
+        with pytest.raises(BankError, match="is closing") as e:
+            call()
+        assert "\n" not in str(e.value)
+    gate.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    with MemoryBank.open(tmp_path / "b", "r") as again:
+        assert again.stats()["ops"] == 60 and "late" not in {m.text for m in again}
