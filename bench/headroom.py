@@ -60,6 +60,11 @@ def reports(run: Path, split: str) -> dict[str, dict]:
     return out
 
 
+def task_of(run: Path) -> str:
+    """The run's built-in data kind (data.kind): one headroom table per task (bench.table labels it)."""
+    return run_config(run).get("data", {}).get("kind", "synthetic")
+
+
 def reader_of(cfg: dict) -> str:
     """Which answer agent reads every column: the run's last answer stage that hands on its weights."""
     stages = [s for s in cfg.get("stages", ["answer"]) if s.startswith("answer") and not s.endswith(("_control", "_rs"))]
@@ -107,9 +112,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     p.add_argument("--resamples", type=int, default=2000)
     args = p.parse_args(argv)
+    tasks = {task_of(Path(run)) for run in args.runs}
+    if len(tasks) != 1:
+        raise SystemExit(f"the runs read different data kinds ({', '.join(sorted(tasks))}): one table is one task")
     rows = [r for run in args.runs for r in rows_of(Path(run), args.resamples)]
     print_table(rows, COLUMNS)
-    write_json(args.json, "headroom", rows, headline=headline(rows), rule=RULE)
+    write_json(args.json, "headroom", rows, headline=headline(rows), rule=RULE, task=tasks.pop())
     return 0
 
 

@@ -7,8 +7,8 @@
 
 results/ holds one folder per measuring run, named <date>-<host> (results/2026-12-07-xeon/), with the
 JSONs its benches wrote. For each (bench, recipe) pair the table takes the newest folder holding one:
-the recipe is the config's file stem for bench.learning (so the tables of several recipes coexist) and
-nothing for the other benches. Folders are ordered by the date in their name, then by when their JSON
+the recipe is the config's file stem for bench.learning (so the tables of several recipes coexist), the
+task for bench.headroom on a task other than the default synthetic set, and nothing for the other benches. Folders are ordered by the date in their name, then by when their JSON
 was written. A later results folder for a bench therefore replaces the older one, and rows of different
 benches may come from different runs: each row names its host, commit, command and JSON.
 
@@ -147,7 +147,11 @@ def cell(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------- results/
 def recipe(data: dict) -> str | None:
-    """bench.learning's recipe, the stem of its config file (default, outcome, ...); None for the rest."""
+    """bench.learning's recipe, the stem of its config file (default, outcome, ...); bench.headroom's task
+    when it is not the default synthetic set (budget); None for the rest."""
+    if data.get("bench") == "headroom":
+        task = data.get("task")
+        return str(task) if task and task != "synthetic" else None
     if data.get("bench") != "learning":
         return None
     config = (data.get("settings") or {}).get("config")

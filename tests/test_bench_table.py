@@ -107,12 +107,20 @@ def test_results_take_the_newest_folder_of_each_bench_and_recipe(tmp_path, capsy
             "data seed 0, seed 0: manager em_fixed_answerer, trained manager - warm manager", float(day),
             "trained manager", "warm manager", "w", target=10.0, **point)], "AMD EPYC", day * 20,
             f"2026-12-{day}T12:00", settings={"config": config})
+    # headroom on the default set and on the budgeted task: both stay (a task is its own table)
+    for name, task, day in (("headroom.json", None, "01"), ("headroom_budget.json", "budget", "07")):
+        bench_json(root / f"2026-12-{day}-epyc" / name, "headroom", [headline_entry(
+            "d0s0: oracle banks - ADD-every-fact banks (EM, trained answer agent)", 2.0, "oracle banks",
+            "ADD-every-fact banks", "w", **point)], "AMD EPYC", day * 20, f"2026-12-{day}T13:00",
+                   **({"task": task} if task else {}))
     capsys.readouterr()
     assert table.main([str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     body = {pipe_cells(line)[0]: pipe_cells(line) for line in lines[2:]}
     assert lines[0].startswith("| bench | headline |") and lines[0].endswith("| command | JSON |")
-    assert list(body) == ["train_step", "kernels", "learning (default)", "learning (outcome)"]
+    assert [b for b in body if not b.startswith("headroom")] == ["train_step", "kernels", "learning (default)",
+                                                                 "learning (outcome)"]
+    assert {"headroom", "headroom (budget)"} <= set(body)
     assert body["train_step"][3] == "2.50x" and body["train_step"][5] == "Intel Xeon, 2 cpus"
     assert body["train_step"][6] == "bbbbbbb" and body["train_step"][-1] == "results/2026-12-07-xeon/train_step.json"
     assert body["kernels"][5:7] == ["AMD EPYC, 2 cpus", "aaaaaaa"]
