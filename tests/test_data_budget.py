@@ -89,3 +89,13 @@ def test_the_budget_config_loads_and_reads_its_own_data():
 
     cfg = load_config("configs/budget.toml", ["data.n=10"])
     assert cfg.data.kind == "budget" and cfg.answer.top_k_per_speaker == 3 and cfg.stage.answer_warm.banks == "mix"
+
+
+def test_data_synth_writes_the_budgeted_task(tmp_path, capsys):
+    from memr1.engine.cli import main as cli_main
+    from memr1.rl.task.data.locomo import load_locomo
+
+    out = tmp_path / "budget.json"
+    assert cli_main(["data", "synth", "--kind", "budget", "--out", str(out), "--conversations", "3", "--seed", "4"]) == 0
+    assert "3 conversations" in capsys.readouterr().out
+    assert [c.sample_id for c in load_locomo(out)] == [d["sample_id"] for d in DATA[:3]]
