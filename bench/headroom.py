@@ -95,9 +95,9 @@ def rows_of(run: Path, resamples: int = 2000, seed: int = 0) -> list[dict]:
 
 def headline(rows: list[dict]) -> list[dict]:
     em = [r for r in rows if r["metric"] == "em"]
-    out = [headline_entry(f"{r['run']}: oracle banks - ADD-every-fact banks (EM, trained answer agent)", r["headroom"],
+    out = [headline_entry(f"{r['run']}: oracle banks - ADD-every-fact banks (EM, {r['reader']})", r["headroom"],
                           "oracle banks", "ADD-every-fact banks", "EM points the oracle's operations add over "
-                          "ADDing every fact, under the run's trained answer agent", unit="points",
+                          "ADDing every fact, under the run's reader", unit="points",
                           ci_low=r["ci_low"], ci_high=r["ci_high"], data_seed=r["data_seed"]) for r in em]
     seeds = {r["data_seed"] for r in em}
     holds = len(seeds) >= 2 and all(r["no_headroom"] for r in em)
