@@ -248,14 +248,17 @@ HEADLINE = (
 )
 
 
-def headline(rows: list[dict]) -> list[dict]:
+def headline(rows: list[dict], stages: list[str] | None = None) -> list[dict]:
     """The entries of HEADLINE and the trained pipeline's memories per 10 turns on LoCoMo, per run, for
     the rows that exist (a value None where the run's summary had none; an interval None where it had
-    none, as over LoCoMo's one val conversation)."""
+    none, as over LoCoMo's one val conversation). With the runs' `stages`, a role without an RL stage
+    (configs/budget.toml trains no answer RL) has no entries: its "RL part" would be empty."""
     out = []
     for r in rows:
         who = f"data seed {r.get('data_seed')}, seed {r['seed']}"
         for stage, metric, col, ci, ours, base, target, what in HEADLINE:
+            if stages is not None and stage in ("answer", "manager") and stage not in stages:
+                continue
             if (r["stage"], r["metric"]) == (stage, metric):
                 out.append(headline_entry(f"{who}: {stage} {metric}, {ours} - {base}", r.get(col), ours,
                                           base, what, unit="points", target=target, ci_low=r.get(f"{ci}ci_low"),
@@ -333,7 +336,7 @@ def main(argv=None) -> int:
             rows += got
             timing[name]["locomo_val"] = round((time.perf_counter() - t0) / 60, 2)
     print_table(rows, [c for c in COLUMNS if c not in ("split", "cluster", "n")])
-    write_json(args.json, "learning", rows, headline=headline(rows),
+    write_json(args.json, "learning", rows, headline=headline(rows, stages),
                settings={"config": args.config, "data_seeds": [d for d, _ in pairs], "seeds": [s for _, s in pairs],
                          "stages": stages, "extra": EXTRA, "overrides": args.overrides, "locomo": args.locomo,
                          "probe_items": args.probe_items},

@@ -7,7 +7,7 @@ import sys
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
 HANDLERS = {
     ("model", "prepare"): "memr1.engine.generation.model:prepare_cli",
-    ("data", "synth"): "memr1.rl.task.data.synthetic:synth_cli",
+    ("data", "synth"): "memr1.rl.task.data.synth_cli:synth_cli",
     ("data", "stats"): "memr1.rl.task.data.locomo:stats_cli",
     ("eval", None): "memr1.engine.evaluate:eval_cli",
     ("train", None): "memr1.engine.train:train_cli",

@@ -73,3 +73,16 @@ def test_compute_sums_each_arms_generated_and_learner_tokens_without_probes(tmp_
                              "minutes": 1.6}
     assert got["answer_warm"]["generated_tokens"] == 0 and got["answer_warm"]["learner_positions"] == 300
     assert got["answer_rs"]["learner_positions"] == 120 and got["manager"]["frozen_tokens"] == 90
+
+
+def test_the_headline_leaves_out_a_role_without_an_rl_stage():
+    """configs/budget.toml trains no answer RL: its answer agent has no "RL part" to headline."""
+    from memr1.bench import learning
+
+    rows = [{"stage": "answer", "metric": "em_warm_manager_banks", "seed": 0, "data_seed": 0, "rl_delta": None},
+            {"stage": "manager", "metric": "em_fixed_answerer", "seed": 0, "data_seed": 0, "rl_delta": 2.5,
+             "vs_rs": 1.8, "vs_add_all": -20.4}]
+    budget = ["answer_warm", "manager_warm", "manager", "manager_control", "manager_rs"]
+    names = [h["name"] for h in learning.headline(rows, budget)]
+    assert len(names) == 3 and all(": manager " in n for n in names)
+    assert any(": answer " in h["name"] for h in learning.headline(rows))   # without stages: every entry

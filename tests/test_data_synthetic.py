@@ -9,7 +9,8 @@ from memr1.engine.cli import main as cli_main
 from memr1.rl.task.data.locomo import load_locomo
 from memr1.rl.task.data.oracle import apply_oracle
 from memr1.rl.task.data import load_conversations
-from memr1.rl.task.data.synthetic import call_ops, split_for, synth_cli, synthesize
+from memr1.rl.task.data.synth_cli import synth_cli
+from memr1.rl.task.data.synthetic import call_ops, split_for, synthesize
 
 N = 40
 

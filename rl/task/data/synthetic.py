@@ -24,14 +24,10 @@ Extra keys next to LoCoMo's: `memr1_split` (train/val/test by conversation index
 Conversation i depends only on (seed, i), so `synthesize(5)` is a prefix of `synthesize(50)`.
 """
 import datetime as dt
-import json
 import random
-import sys
-from pathlib import Path
 
 from memr1.rl.task.data import synth_text as T
 from memr1.rl.task.data.synth_questions import questions
-from memr1.rl.fileio import write_atomic
 
 EVENT_OF = {"add": "ADD", "more": "UPDATE", "move": "UPDATE", "new": "UPDATE", "change": "UPDATE",
             "detail": "UPDATE", "quit": "DELETE", "sold": "DELETE", "cancel": "DELETE", "same": "NONE"}
@@ -242,31 +238,3 @@ def call_ops(timeline: list[dict], dia_ids) -> list[dict]:
                 op.update(event="DELETE", text=op["old_memory"])
         last[id(op)] = n
     return sorted([*existing.values(), *adds.values()], key=lambda op: last[id(op)])
-
-
-# Far more than any experiment here uses (LoCoMo has 10): bigger is minutes of CPU and gigabytes of JSON.
-MAX_CONVERSATIONS = 10_000
-
-
-def synth_cli(args) -> int:
-    """`memr1 data synth --out PATH [--conversations N --seed S --kind synthetic|budget]`."""
-    out = Path(args.out)
-    # Only the file is created: a mistyped folder is an error, not a new directory tree.
-    problem = ("is a directory" if out.is_dir() else
-               f"its folder {out.parent} does not exist" if not out.parent.is_dir() else None)
-    if problem or not 1 <= args.conversations <= MAX_CONVERSATIONS:
-        print(f"error: --out {out}: {problem}" if problem else
-              f"error: --conversations must be 1 to {MAX_CONVERSATIONS}, got {args.conversations}", file=sys.stderr)
-        return 2
-    from memr1.rl.task.data import synthesize as of_kind   # the package imports this module: import late
-    data = of_kind(args.conversations, args.seed, args.kind)
-    try:   # whole or not at all: a full disk leaves no torn file behind
-        write_atomic(out, json.dumps(data, indent=1))
-    except OSError as e:
-        print(f"error: --out {out}: cannot write it ({e.strerror or e})", file=sys.stderr)
-        return 2
-    n_turns = sum(len(v) for c in data for k, v in c["conversation"].items() if isinstance(v, list))
-    n_qa = sum(len(c["qa"]) for c in data)
-    splits = {s: sum(c["memr1_split"] == s for c in data) for s in ("train", "val", "test")}
-    print(f"wrote {out}: {len(data)} conversations ({splits}), {n_turns} turns, {n_qa} questions")
-    return 0
