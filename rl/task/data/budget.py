@@ -185,7 +185,7 @@ def _one_conversation(seed: int, index: int) -> dict:
                 merged = fact if step == 0 else spec["memory"].format(
                     name=name, n=len(values), kinds=T.plural(kind, len(values)), xs=join(values))
             else:
-                field, turn, fact_t, _ = STATIC[slot]
+                _, turn, fact_t, _ = STATIC[slot]
                 text, fact = turn.format(v=value), fact_t.format(name=name, v=value)
                 merged = fact
             dia_id = say(name, text)
