@@ -34,11 +34,10 @@ Layout and oracle are synthetic.py's (LoCoMo JSON, `memr1_split`, `memr1_kind`, 
 ids are `budget-<seed>-<index>`, so caches never mix it with the default set. Conversation i depends
 only on (seed, i).
 """
-import datetime as dt
 import random
 
 from memr1.rl.task.data import synth_text as T
-from memr1.rl.task.data.synthetic import fmt_date, fmt_datetime, split_for
+from memr1.rl.task.data.synthetic import Dialogue, fmt_date, split_for
 
 PET_NAMES = ["Rex", "Max", "Bo", "Luna", "Milo", "Nala", "Ziggy", "Pepper", "Olive", "Biscuit", "Mochi", "Juno"]
 
@@ -137,7 +136,6 @@ def _streams(rng: random.Random, name: str) -> list[list[tuple]]:
 def _one_conversation(seed: int, index: int) -> dict:
     rng = random.Random(f"memr1-budget:{seed}:{index}")
     names = rng.sample(T.NAMES, 2)
-    other_of = {names[0]: names[1], names[1]: names[0]}
     pet_kind = {n: rng.choice(T.VOCAB["pet"]) for n in names}
     n_sessions = rng.randint(3, 4)
     # Each event of a slot falls in a session of its own, in order (nobody moves twice between two chats);
@@ -150,27 +148,15 @@ def _one_conversation(seed: int, index: int) -> dict:
     for chunk in chunks:
         rng.shuffle(chunk)
 
-    conv = {"speaker_a": names[0], "speaker_b": names[1]}
     timeline = []
     history: dict[str, list[tuple[str, str, str]]] = {}   # "<name>/<slot>" -> (value, date, dia_id) per event
     memory: dict[str, str] = {}
-    date = dt.date(2022, 1, 1) + dt.timedelta(days=rng.randint(0, 500))
-    for s_idx, chunk in enumerate(chunks, start=1):
-        date += dt.timedelta(days=rng.randint(3, 40))
-        conv[f"session_{s_idx}_date_time"] = fmt_datetime(date, rng)
-        turns = []
-
-        def say(speaker: str, text: str) -> str:
-            dia_id = f"D{s_idx}:{len(turns) + 1}"
-            turns.append({"speaker": speaker, "dia_id": dia_id, "text": text[0].upper() + text[1:]})
-            return dia_id
-
-        opener = rng.choice(names)
-        say(opener, rng.choice(T.OPENERS).format(other=other_of[opener]))
+    dialogue = Dialogue(rng, names)
+    for chunk in chunks:
+        day = fmt_date(dialogue.open_session())
         for name, slot, step, value in chunk:
-            if turns[-1]["speaker"] == name:   # the other speaker replies first, so turns alternate
-                say(other_of[name], rng.choice(T.CHITCHAT))
-            key, day = f"{name}/{slot}", fmt_date(date)
+            dialogue.alternate(name)
+            key = f"{name}/{slot}"
             past = history.setdefault(key, [])
             values = [v for v, _, _ in past] + [value]
             if slot in CHANGING:
@@ -188,7 +174,7 @@ def _one_conversation(seed: int, index: int) -> dict:
                 _, turn, fact_t, _ = STATIC[slot]
                 text, fact = turn.format(v=value), fact_t.format(name=name, v=value)
                 merged = fact
-            dia_id = say(name, text)
+            dia_id = dialogue.say(name, text)
             past.append((value, day, dia_id))
             entry = {"dia_id": dia_id, "speaker": name, "slot": key, "event": "ADD" if step == 0 else "UPDATE",
                      "fact": fact, "memory": merged, "date": day}
@@ -196,12 +182,10 @@ def _one_conversation(seed: int, index: int) -> dict:
                 entry["old_memory"] = memory[key]
             memory[key] = merged
             timeline.append(entry)
-            if rng.random() < 0.5:
-                say(other_of[name], rng.choice(T.CHITCHAT))
-        say(other_of[turns[-1]["speaker"]], rng.choice(T.CHITCHAT))
-        conv[f"session_{s_idx}"] = turns
+            dialogue.chat_back(name)
+        dialogue.close_session()
 
-    return {"sample_id": f"budget-{seed}-{index:04d}", "conversation": conv,
+    return {"sample_id": f"budget-{seed}-{index:04d}", "conversation": dialogue.conv,
             "qa": _questions(history, pet_kind, rng), "memr1_split": split_for(index),
             "memr1_oracle": {"timeline": timeline, "final_facts": dict(memory)}}
 

@@ -75,9 +75,52 @@ def fmt_date(d: dt.date) -> str:
     return f"{d.day} {T.MONTHS[d.month - 1]} {d.year}"
 
 
-def fmt_datetime(d: dt.date, rng: random.Random) -> str:
+def _fmt_datetime(d: dt.date, rng: random.Random) -> str:
     hour, minute = rng.randint(1, 12), rng.randint(0, 59)
     return f"{hour}:{minute:02d} {rng.choice(['am', 'pm'])} on {d.day} {T.MONTHS[d.month - 1]}, {d.year}"
+
+
+class Dialogue:
+    """A LoCoMo-format conversation between two speakers, written session by session (budget.py writes
+    its dialogues with it too). Sessions are 3 to 40 days apart; each opens with a greeting and closes
+    with a chitchat turn, and turns alternate: the other speaker chats between two turns of one."""
+
+    def __init__(self, rng: random.Random, names: list[str]):
+        self.rng, self.names = rng, names
+        self.other = {names[0]: names[1], names[1]: names[0]}
+        self.conv: dict = {"speaker_a": names[0], "speaker_b": names[1]}
+        self.date = dt.date(2022, 1, 1) + dt.timedelta(days=rng.randint(0, 500))
+        self.session, self.turns = 0, []
+
+    def open_session(self) -> dt.date:
+        """Start the next session with its greeting; returns its date."""
+        self.session += 1
+        self.date += dt.timedelta(days=self.rng.randint(3, 40))
+        self.conv[f"session_{self.session}_date_time"] = _fmt_datetime(self.date, self.rng)
+        self.turns = []
+        opener = self.rng.choice(self.names)
+        self.say(opener, self.rng.choice(T.OPENERS).format(other=self.other[opener]))
+        return self.date
+
+    def say(self, speaker: str, text: str) -> str:
+        """Append a turn; returns its dia_id."""
+        dia_id = f"D{self.session}:{len(self.turns) + 1}"
+        self.turns.append({"speaker": speaker, "dia_id": dia_id, "text": text[0].upper() + text[1:]})
+        return dia_id
+
+    def alternate(self, speaker: str) -> None:
+        """Before `speaker`'s turn: the other speaker chats first if `speaker` spoke last."""
+        if self.turns[-1]["speaker"] == speaker:
+            self.say(self.other[speaker], self.rng.choice(T.CHITCHAT))
+
+    def chat_back(self, speaker: str) -> None:
+        """After `speaker`'s fact, the other speaker answers with chitchat half the time."""
+        if self.rng.random() < 0.5:
+            self.say(self.other[speaker], self.rng.choice(T.CHITCHAT))
+
+    def close_session(self) -> None:
+        self.say(self.other[self.turns[-1]["speaker"]], self.rng.choice(T.CHITCHAT))
+        self.conv[f"session_{self.session}"] = self.turns
 
 
 class _Speaker:
@@ -131,7 +174,6 @@ def _one_conversation(seed: int, index: int) -> dict:
     rng = random.Random(f"memr1-synth:{seed}:{index}")
     names = rng.sample(T.NAMES, 2)
     people = {n: _Speaker(n, rng) for n in names}
-    other_of = {names[0]: names[1], names[1]: names[0]}
     # Interleave every (speaker, slot) stream at random, keeping each stream's own order.
     streams = [[(n, slot, kind) for kind in kinds] for n in names for slot, kinds in _slot_plan(rng).items()]
     events = []
@@ -144,27 +186,15 @@ def _one_conversation(seed: int, index: int) -> dict:
     cuts = sorted(rng.sample(range(1, len(events)), n_sessions - 1))
     chunks = [events[a:b] for a, b in zip([0] + cuts, cuts + [len(events)])]
 
-    conv = {"speaker_a": names[0], "speaker_b": names[1]}
     timeline = []
-    date = dt.date(2022, 1, 1) + dt.timedelta(days=rng.randint(0, 500))
-    for s_idx, chunk in enumerate(chunks, start=1):
-        date += dt.timedelta(days=rng.randint(3, 40))
-        conv[f"session_{s_idx}_date_time"] = fmt_datetime(date, rng)
-        turns = []
-
-        def say(speaker: str, text: str) -> str:
-            dia_id = f"D{s_idx}:{len(turns) + 1}"
-            turns.append({"speaker": speaker, "dia_id": dia_id, "text": text[0].upper() + text[1:]})
-            return dia_id
-
-        opener = rng.choice(names)
-        say(opener, rng.choice(T.OPENERS).format(other=other_of[opener]))
+    dialogue = Dialogue(rng, names)
+    for chunk in chunks:
+        date = dialogue.open_session()
         for name, slot, kind in chunk:
-            if turns[-1]["speaker"] == name:   # the other speaker replies first, so turns alternate
-                say(other_of[name], rng.choice(T.CHITCHAT))
+            dialogue.alternate(name)
             person = people[name]
             fields = person.fill(kind, date)
-            dia_id = say(name, rng.choice(T.TURNS[kind]).format(**fields))
+            dia_id = dialogue.say(name, rng.choice(T.TURNS[kind]).format(**fields))
             fact = T.FACTS[kind].format(**fields)
             event = EVENT_OF[kind.split("_")[1]]
             old = person.memory.get(slot)
@@ -184,13 +214,11 @@ def _one_conversation(seed: int, index: int) -> dict:
                 del person.memory[slot]
                 person.source.pop(slot)
                 person.dropped[slot] = dia_id
-            if rng.random() < 0.5:
-                say(other_of[name], rng.choice(T.CHITCHAT))
-        say(other_of[turns[-1]["speaker"]], rng.choice(T.CHITCHAT))
-        conv[f"session_{s_idx}"] = turns
+            dialogue.chat_back(name)
+        dialogue.close_session()
 
     final = {f"{n}/{slot}": text for n in names for slot, text in people[n].memory.items()}
-    return {"sample_id": f"synth-{seed}-{index:04d}", "conversation": conv,
+    return {"sample_id": f"synth-{seed}-{index:04d}", "conversation": dialogue.conv,
             "qa": questions(people, names),
             "memr1_split": split_for(index),
             "memr1_oracle": {"timeline": timeline, "final_facts": final}}
