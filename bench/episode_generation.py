@@ -103,7 +103,7 @@ def generation_child(out: str, group: int = 4, sessions: int = 2, inner_n: int =
     from memr1.engine.config.resolve import resolve
     from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
-    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.data import load_configured
     from memr1.rl.task.stages.episode import EpisodeStage
     from memr1.rl.task.episodes import episode_items
     from memr1.rl.task.facts import facts_for
@@ -112,7 +112,7 @@ def generation_child(out: str, group: int = 4, sessions: int = 2, inner_n: int =
 
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg = run.cfg
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train", kind=cfg.data.kind)
+    convs = load_configured(cfg.data, "train")
     items = episode_items(convs, facts_for(convs, None, run.task.extract, None), cfg.manager.turns_per_call, sessions)
     gen = make_generator(cfg.generator, run.seed)
     gen.generate([[{"role": "user", "content": "Hello"}]], 1, GREEDY.with_tokens(4))  # warm-up, untimed

@@ -76,14 +76,14 @@ def smollm2_setup(dtype: str | None = None) -> Setup:
     from memr1.engine.config.run import load_config, make_embedder
     from memr1.engine.generation import make_generator
     from memr1.engine.training.learner import Learner
-    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.data import load_configured
     from memr1.rl.task.train_items import answer_items, oracle_bank
     from memr1.rl.task.stages.calls import AnswerStage
 
     run = resolve(load_config(DEFAULT_CONFIG))
     cfg, scfg = run.cfg, run.stage("answer")
     embedder = make_embedder(cfg)
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="train", kind=cfg.data.kind)
+    convs = load_configured(cfg.data, "train")
     items = answer_items(convs, {c.sample_id: oracle_bank(None, c, embedder) for c in convs}, run.seed)
     gcfg = cfg.generator if dtype is None else msgspec.structs.replace(cfg.generator, dtype=dtype)
     gen = make_generator(gcfg, run.seed)

@@ -170,11 +170,11 @@ def check_data(cfg: RunConfig) -> None:
     """Stop a run whose data has nothing to train on, or nothing to validate on when a stage validates,
     before any engine starts."""
     from memr1.engine.validation import validates
-    from memr1.rl.task.data import detect_format, load_conversations
+    from memr1.rl.task.data import detect_format, load_configured, load_conversations
     from memr1.rl.task.data.locomo import DataError
 
     validating = [name for name in cfg.stages if validates(cfg, name)]
-    if validating and not load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split="val", kind=cfg.data.kind):
+    if validating and not load_configured(cfg.data, "val"):
         where = f"data.path={cfg.data.path}" if cfg.data.path else f"the synthetic set at data.n={cfg.data.n}"
         raise DataError(f"loop.validate_every={cfg.loop.validate_every}: {', '.join(validating)} would validate on the "
                         f"val split, and {where} has no val conversation; set loop.validate_every=0 or give it one")

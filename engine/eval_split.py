@@ -28,14 +28,14 @@ def run_eval(run: Resolved, split: str = "val", models: dict | None = None, gene
     `generator`: an engine to reuse (its current weights don't matter: each role loads its own)."""
     from memr1.engine.generation import make_generator
     from memr1.engine.generation.swap import WeightSwap
-    from memr1.rl.task.data import load_conversations
+    from memr1.rl.task.data import load_configured
     from memr1.rl.task.eval.evaluation import evaluate, table, write_report
 
     cfg, run_dir, base = run.cfg, run.run_dir, run.base_model
     ecfg = cfg.eval if baseline is None else msgspec.structs.replace(cfg.eval, baseline=baseline)
     make_run_dir(run_dir)
     quiet.log_to(run_dir)
-    convs = load_conversations(cfg.data.path or None, cfg.data.n, cfg.data.seed, split=split, kind=cfg.data.kind)
+    convs = load_configured(cfg.data, split)
     if not convs:
         source = cfg.data.path or f"the {cfg.data.kind} set (data.n={cfg.data.n}, data.seed={cfg.data.seed})"
         raise ValueError(f"{source} has no conversations in split {split!r}")

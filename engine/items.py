@@ -18,7 +18,7 @@ from memr1.engine.config.caches import cache_dirs, cache_keys, model_identity
 from memr1.engine.config.stages import stage_name
 from memr1.memory_store import MemoryBank
 from memr1.rl.task.banks import run_manager, safe_name
-from memr1.rl.task.data import load_conversations
+from memr1.rl.task.data import load_configured, load_conversations
 from memr1.rl.task.facts import facts_for, oracle_facts
 from memr1.rl.task.train_items import (CallStats, answer_items, dead_items, history_conversation, manager_calls, manager_items,
                             mixed_answer_items, oracle_bank, oracle_banks, step_items)
@@ -39,8 +39,7 @@ class RunItems:
 
     def __init__(self, run, embedder, swap, split: str = "train"):
         self.run, self.cfg, self.embedder, self.swap, self.split = run, run.cfg, embedder, swap, split
-        self.convs = load_conversations(self.cfg.data.path or None, self.cfg.data.n, self.cfg.data.seed, split=split,
-                                        kind=self.cfg.data.kind)
+        self.convs = load_configured(self.cfg.data, split)
         self.by_id = {c.sample_id: c for c in self.convs}
         self._facts = None
         self._memo: dict = {}

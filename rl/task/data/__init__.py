@@ -58,6 +58,11 @@ def synthesize(n: int, seed: int, kind: str = "synthetic") -> list[dict]:
     return default_set(n, seed)
 
 
+def load_configured(data, split: str | None = None) -> list[Conversation]:
+    """`load_conversations` for a run's `[data]` section (its path, n, seed and kind)."""
+    return load_conversations(data.path or None, data.n, data.seed, split=split, kind=data.kind)
+
+
 def load_conversations(path=None, n: int = 20, seed: int = 0, split: str | None = None,
                        kind: str = "synthetic") -> list[Conversation]:
     """The built-in set of `kind` (n, seed) when `path` is None, else the file's; optionally one split."""
