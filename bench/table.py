@@ -8,8 +8,9 @@
 results/ holds one folder per measuring run, named <date>-<host> (results/2026-12-07-xeon/), with the
 JSONs its benches wrote. For each (bench, recipe) pair the table takes the newest folder holding one:
 the recipe is the config's file stem for bench.learning (so the tables of several recipes coexist), the
-task for bench.headroom on a task other than the default synthetic set, and nothing for the other benches. Folders are ordered by the date in their name, then by when their JSON
-was written. A later results folder for a bench therefore replaces the older one, and rows of different
+task for bench.headroom on a task other than the default synthetic set, and nothing for the other
+benches. Folders are ordered by the date in their name, then by when their JSON was written. A later
+results folder for a bench therefore replaces the older one, and rows of different
 benches may come from different runs: each row names its host, commit, command and JSON.
 
 One markdown row per entry: bench, entry, the two rows it compares, value (with its interval where it
